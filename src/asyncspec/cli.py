@@ -1,0 +1,81 @@
+"""The `asyncspec` command line."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from asyncspec.errors import InputError, ModelNotPreparedError
+
+EXIT_BAD_INPUT = 2
+
+
+def _decoding_options(parser: argparse.ArgumentParser, default_model: str) -> None:
+    parser.add_argument("--model", default=default_model, help="registered name, local directory or HF id")
+    parser.add_argument("--method", default="target", help="comma list of methods")
+    parser.add_argument("--dtype", default="bf16", choices=["bf16", "fp32", "fp16"])
+    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=1, help="torch threads for the target (one core each)")
+    parser.add_argument("--json", action="store_true", help="one JSON object per line per window and method")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="asyncspec", description="Speculative decoding that decouples drafting from verification."
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    models = commands.add_parser("models", help="list, prepare or verify the offline models")
+    models.add_argument("action", choices=["list", "prepare", "verify"])
+    models.add_argument("names", nargs="*", help="registered names (default: all)")
+
+    transcribe = commands.add_parser("transcribe", help="transcribe audio files")
+    transcribe.add_argument("audio", nargs="+", help="WAV/FLAC/OGG/MP3 files")
+    transcribe.add_argument("--language", default="en")
+    _decoding_options(transcribe, "whisper-base")
+
+    generate = commands.add_parser("generate", help="continue a text prompt")
+    generate.add_argument("--prompt", required=True)
+    generate.add_argument("--max-new-tokens", type=int, default=128)
+    _decoding_options(generate, "qwen2.5-coder-1.5b")
+
+    demo = commands.add_parser("demo", help="transcribe the bundled LibriVox clips and report WER")
+    demo.add_argument("--model", default="whisper-base")
+    demo.add_argument("--method", default="target", help="comma list of methods")
+    demo.add_argument("--dtype", default="bf16", choices=["bf16", "fp32", "fp16"])
+    demo.add_argument("--threads", type=int, default=1)
+    demo.add_argument("--json", metavar="FILE", help="write records and summary as JSON")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+        return _dispatch(args)
+    except (InputError, ModelNotPreparedError, ValueError) as error:
+        print(f"asyncspec: error: {error}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except KeyboardInterrupt:
+        print("asyncspec: interrupted", file=sys.stderr)
+        return 130
+
+
+def _dispatch(args: argparse.Namespace) -> int:
+    if getattr(args, "threads", None):
+        import torch
+
+        torch.set_num_threads(args.threads)
+    from asyncspec.commands import demo, generate, models, transcribe
+    from asyncspec.decoding.methods import parse_methods
+
+    if hasattr(args, "method"):
+        args.methods = parse_methods(args.method)
+
+    handlers = {"models": models.run, "transcribe": transcribe.run, "generate": generate.run, "demo": demo.run}
+    return handlers[args.command](args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Command implementations behind the `asyncspec` CLI (argument parsing lives in cli.py)."""

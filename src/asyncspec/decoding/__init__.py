@@ -1,0 +1,1 @@
+"""Decoding methods. Every method has one signature: decode(target, drafter, request, config)."""

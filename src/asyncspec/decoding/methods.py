@@ -1,0 +1,22 @@
+"""Method names -> decode functions (all with the signature decode(target, drafter, request, config))."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from asyncspec.decoding.result import DecodeConfig, DecodeResult
+from asyncspec.decoding.target_only import decode_target_only
+from asyncspec.errors import InputError
+from asyncspec.models.base import Decoder, DecodeRequest
+
+DecodeFn = Callable[[Decoder, "Decoder | None", DecodeRequest, DecodeConfig], DecodeResult]
+
+METHODS: dict[str, DecodeFn] = {"target": decode_target_only}
+
+
+def parse_methods(text: str) -> list[str]:
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    unknown = [name for name in names if name not in METHODS]
+    if unknown or not names:
+        raise InputError(f"unknown method {', '.join(unknown) or repr(text)}; choose from {', '.join(METHODS)}")
+    return names

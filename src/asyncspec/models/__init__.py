@@ -1,0 +1,1 @@
+"""Decoder backends and the offline weights they load."""

@@ -1,0 +1,66 @@
+"""The one interface every decoding backend implements.
+
+A backend owns its KV state, its greedy decision rule and its logit masks, so that target-only
+decoding and every speculative method see identical logits for identical prefixes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+
+from asyncspec.models.tokenizer import TextTokenizer
+
+
+@dataclass(frozen=True)
+class DecodeRequest:
+    """What a decoder is asked for: a prompt (token ids) and, for speech models, 16 kHz audio."""
+
+    prompt_ids: tuple[int, ...]
+    audio: np.ndarray | None = None  # float32 [samples] at 16 kHz, at most one window
+    max_new_tokens: int = 256
+
+
+@dataclass
+class DecoderState:
+    """Per-request KV state. `tokens` are exactly the ids whose keys/values the cache holds."""
+
+    tokens: list[int]
+    prompt_len: int
+    cache: Any
+    # float32 [V]: logits after the last token in `tokens`; None right after a rollback
+    next_logits: torch.Tensor | None
+    extras: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def length(self) -> int:
+        return len(self.tokens)
+
+
+class Decoder(Protocol):
+    """prefill -> extend* -> rollback; logits are float32 with the backend's masks applied."""
+
+    name: str
+    tokenizer: TextTokenizer
+    eos_ids: frozenset[int]
+    vocab_size: int
+    max_length: int  # prompt + output positions the model supports
+
+    def prefill(self, request: DecodeRequest) -> DecoderState: ...
+
+    def extend(self, state: DecoderState, tokens: Sequence[int]) -> torch.Tensor:
+        """Append tokens to the state; returns float32 logits [len(tokens), V], row i predicting
+        the token after tokens[i]. Also sets state.next_logits to the last row."""
+        ...
+
+    def rollback(self, state: DecoderState, length: int) -> None:
+        """Keep only the first `length` tokens' state; nothing of the dropped tokens survives."""
+        ...
+
+    def greedy(self, logits: torch.Tensor) -> list[int]:
+        """The backend's greedy decision for each row of logits [..., V]."""
+        ...

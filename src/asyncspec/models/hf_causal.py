@@ -1,0 +1,62 @@
+"""transformers causal LM backend (Qwen2.5-Coder and any AutoModelForCausalLM)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
+
+from asyncspec.models.base import DecodeRequest, DecoderState
+from asyncspec.models.kv_backend import KVBackend
+from asyncspec.models.tokenizer import TextTokenizer
+
+DEFAULT_MAX_LENGTH = 4096
+
+
+class CausalLMBackend(KVBackend):
+    def __init__(self, model, tokenizer: TextTokenizer, name: str, eos_ids: frozenset[int]):
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.name = name
+        self.eos_ids = eos_ids
+        self.dtype = next(model.parameters()).dtype
+        self.vocab_size = model.get_output_embeddings().weight.shape[0]
+        self.max_length = min(getattr(model.config, "max_position_embeddings", DEFAULT_MAX_LENGTH), DEFAULT_MAX_LENGTH)
+
+    @classmethod
+    def load(cls, source: str | Path, name: str, dtype: torch.dtype) -> CausalLMBackend:
+        model = AutoModelForCausalLM.from_pretrained(str(source), dtype=dtype)
+        hf_tokenizer = AutoTokenizer.from_pretrained(str(source))
+        eos = _eos_ids(model, hf_tokenizer)
+        return cls(model, TextTokenizer(hf_tokenizer.backend_tokenizer), name, eos)
+
+    def request(self, prompt: str, max_new_tokens: int = 256) -> DecodeRequest:
+        ids = self.tokenizer.encode(prompt)
+        if not ids:
+            raise ValueError("the prompt is empty")
+        return DecodeRequest(prompt_ids=tuple(ids), max_new_tokens=max_new_tokens)
+
+    def prefill(self, request: DecodeRequest) -> DecoderState:
+        cache = DynamicCache(config=self.model.config)
+        state = DecoderState(tokens=[], prompt_len=len(request.prompt_ids), cache=cache, next_logits=None)
+        self.extend(state, request.prompt_ids)
+        return state
+
+    def _hidden(self, state: DecoderState, ids: torch.Tensor) -> torch.Tensor:
+        return self.model.model(input_ids=ids, cache=state.cache, use_cache=True).last_hidden_state
+
+    def _output_weight(self) -> torch.Tensor:
+        return self.model.get_output_embeddings().weight
+
+
+def _eos_ids(model, hf_tokenizer) -> frozenset[int]:
+    ids = model.generation_config.eos_token_id
+    ids = [ids] if isinstance(ids, int) else list(ids or [])
+    if hf_tokenizer.eos_token_id is not None:
+        ids.append(hf_tokenizer.eos_token_id)
+    # A raw (non-chat) prompt ends with end-of-text even in instruct models.
+    end_of_text = hf_tokenizer.convert_tokens_to_ids("<|endoftext|>")
+    if isinstance(end_of_text, int) and end_of_text != hf_tokenizer.unk_token_id:
+        ids.append(end_of_text)
+    return frozenset(ids)

@@ -1,0 +1,121 @@
+"""transformers Whisper backend: the encoder runs once per request in `prefill`; the decoder's
+cross-attention keys/values are computed on the first decoder call and reused after that."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import numpy as np
+import torch
+from transformers import (
+    AutoTokenizer,
+    DynamicCache,
+    EncoderDecoderCache,
+    WhisperFeatureExtractor,
+    WhisperForConditionalGeneration,
+)
+
+from asyncspec.audio import SAMPLE_RATE
+from asyncspec.models.base import DecodeRequest, DecoderState
+from asyncspec.models.kv_backend import KVBackend
+from asyncspec.models.tokenizer import TextTokenizer
+
+MULTILINGUAL_VOCAB = 51865
+
+
+class WhisperBackend(KVBackend):
+    def __init__(self, model: WhisperForConditionalGeneration, tokenizer: TextTokenizer, name: str):
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.name = name
+        config = model.config
+        self.dtype = next(model.parameters()).dtype
+        self.vocab_size = config.vocab_size
+        self.multilingual = config.vocab_size >= MULTILINGUAL_VOCAB
+        self.max_length = config.max_target_positions
+        self.eos_ids = frozenset({tokenizer.token_id("<|endoftext|>")})
+        self.features = WhisperFeatureExtractor(feature_size=config.num_mel_bins)
+        self._cache_config = copy.deepcopy(config)
+        self._cache_config.num_hidden_layers = config.decoder_layers
+        suppress = _token_list(model, "suppress_tokens")
+        begin = _token_list(model, "begin_suppress_tokens")
+        self._suppress = _mask(self.vocab_size, suppress)
+        self._suppress_begin = _mask(self.vocab_size, suppress + begin)
+
+    @classmethod
+    def load(cls, source: str | Path, name: str, dtype: torch.dtype) -> WhisperBackend:
+        model = WhisperForConditionalGeneration.from_pretrained(str(source), dtype=dtype)
+        tokenizer_file = Path(source) / "tokenizer.json"
+        if tokenizer_file.exists():
+            tokenizer = TextTokenizer.from_file(tokenizer_file)
+        else:
+            tokenizer = TextTokenizer(AutoTokenizer.from_pretrained(str(source)).backend_tokenizer)
+        return cls(model, tokenizer, name)
+
+    def prompt_ids(self, language: str = "en") -> tuple[int, ...]:
+        """Start of transcript, [language, transcribe,] no timestamps."""
+        token = self.tokenizer.token_id
+        if not self.multilingual:
+            return (token("<|startoftranscript|>"), token("<|notimestamps|>"))
+        try:
+            lang = token(f"<|{language}|>")
+        except KeyError:
+            raise ValueError(f"{self.name} has no language {language!r}") from None
+        return (token("<|startoftranscript|>"), lang, token("<|transcribe|>"), token("<|notimestamps|>"))
+
+    def request(self, audio: np.ndarray, language: str = "en", max_new_tokens: int | None = None) -> DecodeRequest:
+        prompt = self.prompt_ids(language)
+        room = self.max_length - len(prompt)
+        return DecodeRequest(prompt_ids=prompt, audio=audio, max_new_tokens=min(max_new_tokens or room, room))
+
+    @torch.inference_mode()
+    def encode_audio(self, audio: np.ndarray) -> torch.Tensor:
+        """Encoder output [1, 1500, D] for at most 30 s of 16 kHz audio (padded as Whisper expects)."""
+        features = self.features(audio, sampling_rate=SAMPLE_RATE, return_tensors="pt").input_features
+        return self.model.model.encoder(features.to(self.dtype)).last_hidden_state
+
+    def prefill(self, request: DecodeRequest, encoded: torch.Tensor | None = None) -> DecoderState:
+        if encoded is None:
+            if request.audio is None:
+                raise ValueError("a Whisper request needs audio")
+            encoded = self.encode_audio(request.audio)
+        cache = EncoderDecoderCache(DynamicCache(config=self._cache_config), DynamicCache(config=self._cache_config))
+        state = DecoderState(
+            tokens=[], prompt_len=len(request.prompt_ids), cache=cache, next_logits=None, extras={"encoded": encoded}
+        )
+        self.extend(state, request.prompt_ids)
+        return state
+
+    def _hidden(self, state: DecoderState, ids: torch.Tensor) -> torch.Tensor:
+        decoder = self.model.model.decoder
+        encoded = state.extras["encoded"]
+        return decoder(
+            input_ids=ids, encoder_hidden_states=encoded, cache=state.cache, use_cache=True
+        ).last_hidden_state
+
+    def _output_weight(self) -> torch.Tensor:
+        return self.model.proj_out.weight
+
+    def _self_attention_cache(self, state: DecoderState):
+        return state.cache.self_attention_cache
+
+    def _suppressed(self, state: DecoderState, n: int) -> torch.Tensor:
+        """Row i predicts position state.length + i + 1; the first output position also gets the
+        begin-suppression (no blank, no immediate end), as Whisper's reference decoder does."""
+        rows = self._suppress.expand(n, -1).clone()
+        first_output_row = state.prompt_len - state.length - 1
+        if 0 <= first_output_row < n:
+            rows[first_output_row] = self._suppress_begin
+        return rows
+
+
+def _token_list(model: WhisperForConditionalGeneration, key: str) -> list[int]:
+    value = getattr(model.generation_config, key, None) or getattr(model.config, key, None)
+    return [int(t) for t in (value or [])]
+
+
+def _mask(vocab: int, ids: list[int]) -> torch.Tensor:
+    mask = torch.zeros(vocab, dtype=torch.bool)
+    mask[[i for i in ids if 0 <= i < vocab]] = True
+    return mask

