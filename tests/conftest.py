@@ -42,11 +42,12 @@ def tiny_causal(dtype: torch.dtype = torch.float32, seed: int = 0) -> CausalLMBa
     return CausalLMBackend(model, word_tokenizer(), f"tiny-qwen2-{seed}", frozenset({TINY_VOCAB - 1}))
 
 
-def tiny_whisper(dtype: torch.dtype = torch.float32, seed: int = 0) -> WhisperBackend:
-    """Whisper-shaped, English-only vocabulary (so the real tiny.en tokenizer fits), 2+2 layers."""
+def tiny_whisper(dtype: torch.dtype = torch.float32, seed: int = 0, multilingual: bool = False) -> WhisperBackend:
+    """Whisper-shaped, 2+2 layers, with the real tiny.en (English-only) or base (multilingual) tokenizer."""
     torch.manual_seed(seed)
+    eot = 50257 if multilingual else 50256
     config = WhisperConfig(
-        vocab_size=51864,
+        vocab_size=51865 if multilingual else 51864,
         d_model=32,
         encoder_layers=2,
         decoder_layers=2,
@@ -88,11 +89,22 @@ def qwen_available(name: str) -> bool:
 
 
 requires_qwen_05b = pytest.mark.skipif(
-    not qwen_available("qwen2.5-coder-0.5b"),
-    reason="Qwen extra not prepared (make qwen); " + REGISTRY["qwen2.5-coder-0.5b"].install_hint(),
+    not qwen_available("qwen2.5-coder-0.5b"), reason="Qwen extra not installed (make qwen)"
+)
+requires_qwen_pair = pytest.mark.skipif(
+    not (qwen_available("qwen2.5-coder-0.5b") and qwen_available("qwen2.5-coder-1.5b")),
+    reason="Qwen extra not installed (make qwen)",
 )
 
-__all__ = ["model_dir", "requires_qwen_05b", "synthetic_speech", "tiny_causal", "tiny_whisper", "word_tokenizer"]
+__all__ = [
+    "model_dir",
+    "requires_qwen_05b",
+    "requires_qwen_pair",
+    "synthetic_speech",
+    "tiny_causal",
+    "tiny_whisper",
+    "word_tokenizer",
+]
 
 
 @pytest.fixture(scope="session")

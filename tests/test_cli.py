@@ -56,12 +56,15 @@ def test_long_file_is_decoded_in_windows(tmp_path, capsys):
         (["transcribe", "SILENT", "--method", "warp"], "unknown method"),
         (["transcribe", "NOTAUDIO", "--model", "no-such-model"], "not a readable audio file"),
         (["generate", "--prompt", "   "], "prompt is empty"),
+        (["transcribe", "SILENT_OK", "--method", "sd", "--budget", "0"], "--budget must be at least 1"),
     ],
 )
 def test_bad_input_exits_2_with_one_clear_line(tmp_path, capsys, args, message):
     (tmp_path / "notes.txt").write_text("not audio at all\n" * 10)
     soundfile.write(tmp_path / "silent.wav", np.zeros(8000), 16000)
-    args = [{"NOTAUDIO": str(tmp_path / "notes.txt"), "SILENT": str(tmp_path / "silent.wav")}.get(a, a) for a in args]
+    soundfile.write(tmp_path / "tone.wav", 0.3 * np.sin(np.arange(16000) / 5.0), 16000)
+    files = {"NOTAUDIO": tmp_path / "notes.txt", "SILENT": tmp_path / "silent.wav", "SILENT_OK": tmp_path / "tone.wav"}
+    args = [str(files[a]) if a in files else a for a in args]
     assert main(args) == EXIT_BAD_INPUT
     err = capsys.readouterr().err.strip()
     assert message in err
@@ -87,3 +90,24 @@ def test_console_entry_point_runs():
     )
     assert done.returncode == 0
     assert "whisper-base" in done.stdout and "qwen2.5-coder-1.5b" in done.stdout
+
+
+@pytest.mark.real
+def test_compare_checks_equality_and_saves_traces(tmp_path, capsys):
+    from asyncspec.trace import Trace
+
+    clip = str(librivox_clips()[1].path)
+    trace_file = tmp_path / "trace.json"
+    argv = ["transcribe", clip, "--method", "sd,specasr", "--compare", "--json", "--trace", str(trace_file)]
+    assert main(argv) == 0
+    records = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [r["method"] for r in records] == ["target", "sd", "specasr"]
+    assert all(r["equal_to_target"] is True for r in records)
+    assert all({"acceptance", "mean_accepted_len"} <= set(r) for r in records)
+    assert records[1]["target_calls"] < records[0]["target_calls"]
+    saved = json.loads(trace_file.read_text())
+    assert [entry["method"] for entry in saved] == ["target", "sd", "specasr"]
+    trace_file.write_text(json.dumps(saved[1]))
+    events = Trace.load(trace_file).events
+    assert {"prefill", "draft", "verify"} <= {e.stage for e in events}
+    assert all(a.end <= b.start + 1e-9 for a, b in zip(events, events[1:], strict=False))  # serial, monotonic

@@ -10,9 +10,13 @@ from asyncspec.errors import InputError, ModelNotPreparedError
 EXIT_BAD_INPUT = 2
 
 
-def _decoding_options(parser: argparse.ArgumentParser, default_model: str) -> None:
+def _decoding_options(parser: argparse.ArgumentParser, default_model: str, default_drafter: str) -> None:
     parser.add_argument("--model", default=default_model, help="registered name, local directory or HF id")
-    parser.add_argument("--method", default="target", help="comma list of methods")
+    parser.add_argument("--method", default="target", help="comma list of: target, sd, specasr")
+    parser.add_argument("--drafter", default=default_drafter, help="drafter model for sd/specasr")
+    parser.add_argument("--budget", type=int, default=None, help="proposals per round (sd: 7, specasr cap: 24)")
+    parser.add_argument("--compare", action="store_true", help="also run target-only, check equality, print a table")
+    parser.add_argument("--trace", metavar="FILE", help="save every decode's stage events as JSON")
     parser.add_argument("--dtype", default="bf16", choices=["bf16", "fp32", "fp16"])
     parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     parser.add_argument("--seed", type=int, default=0)
@@ -33,19 +37,17 @@ def build_parser() -> argparse.ArgumentParser:
     transcribe = commands.add_parser("transcribe", help="transcribe audio files")
     transcribe.add_argument("audio", nargs="+", help="WAV/FLAC/OGG/MP3 files")
     transcribe.add_argument("--language", default="en")
-    _decoding_options(transcribe, "whisper-base")
+    _decoding_options(transcribe, "whisper-base", "whisper-tiny.en")
 
     generate = commands.add_parser("generate", help="continue a text prompt")
     generate.add_argument("--prompt", required=True)
     generate.add_argument("--max-new-tokens", type=int, default=128)
-    _decoding_options(generate, "qwen2.5-coder-1.5b")
+    _decoding_options(generate, "qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b")
 
-    demo = commands.add_parser("demo", help="transcribe the bundled LibriVox clips and report WER")
-    demo.add_argument("--model", default="whisper-base")
-    demo.add_argument("--method", default="target", help="comma list of methods")
-    demo.add_argument("--dtype", default="bf16", choices=["bf16", "fp32", "fp16"])
-    demo.add_argument("--threads", type=int, default=1)
-    demo.add_argument("--json", metavar="FILE", help="write records and summary as JSON")
+    demo = commands.add_parser("demo", help="LibriVox clips: every method side by side, exactness and WER")
+    _decoding_options(demo, "whisper-base", "whisper-tiny.en")
+    demo.set_defaults(method="sd,specasr", json=None)
+    demo.add_argument("--json-file", dest="json", metavar="FILE", help="write records, summary and WER as JSON")
     return parser
 
 

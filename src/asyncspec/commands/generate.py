@@ -2,24 +2,20 @@
 
 from __future__ import annotations
 
-from asyncspec.commands.report import emit, result_record
-from asyncspec.decoding.methods import METHODS
-from asyncspec.decoding.result import DecodeConfig
+from asyncspec.commands.compare import methods_to_run, print_summary, run_jobs
+from asyncspec.commands.transcribe import decode_config, load_models
 from asyncspec.errors import InputError
 from asyncspec.models.hf_causal import CausalLMBackend
 
 
 def run(args) -> int:
-    from asyncspec.models.registry import load_decoder
-
     if not args.prompt.strip():
         raise InputError("the prompt is empty")
-    target = load_decoder(args.model, args.dtype)
-    if not isinstance(target, CausalLMBackend):
-        raise InputError(f"{args.model} is not a text model")
+    args.methods = methods_to_run(args.methods, args.compare)
+    config = decode_config(args)
+    target, drafter = load_models(args, CausalLMBackend, "text")
     request = target.request(args.prompt, max_new_tokens=args.max_new_tokens)
-    config = DecodeConfig(temperature=args.temperature, seed=args.seed)
-    for method in args.methods:
-        result = METHODS[method](target, None, request, config)
-        emit(result_record(result, target, prompt_tokens=len(request.prompt_ids)), args.json)
+    jobs = [({"prompt_tokens": len(request.prompt_ids)}, request)]
+    records = run_jobs(target, drafter, jobs, args.methods, config, args.json, args.trace)
+    print_summary(records, args.json)
     return 0

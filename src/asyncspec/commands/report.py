@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 from typing import Any
 
 from asyncspec.decoding.result import DecodeResult
@@ -30,7 +31,7 @@ def emit(record: dict[str, Any], as_json: bool) -> None:
     if as_json:
         print(json.dumps(record), flush=True)
         return
-    where = f"{record['file']} [{record['window']}] " if "file" in record else ""
+    where = f"{Path(record['file']).name} [{record['window']}] " if "file" in record else ""
     print(f"{where}{record['method']}: {record['text']}")
     print(
         f"  {record['n_tokens']} tokens, decode {record['decode_s']:.2f} s after prefill "

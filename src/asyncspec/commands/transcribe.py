@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
+from typing import Any
 
 from asyncspec.audio import AudioWindow, load_audio, split_windows
-from asyncspec.commands.report import emit, progress, result_record
-from asyncspec.decoding.methods import METHODS
+from asyncspec.commands.compare import methods_to_run, needs_drafter, print_summary, run_jobs
+from asyncspec.commands.report import progress
 from asyncspec.decoding.result import DecodeConfig
+from asyncspec.errors import InputError
+from asyncspec.models.base import DecodeRequest
 from asyncspec.models.hf_whisper import WhisperBackend
 
 
@@ -17,33 +19,40 @@ def file_windows(paths: list[str]) -> list[tuple[str, AudioWindow]]:
     return [(path, window) for path in paths for window in split_windows(load_audio(path))]
 
 
-def transcribe_windows(
-    target: WhisperBackend,
-    windows: list[tuple[str, AudioWindow]],
-    methods: list[str],
-    config: DecodeConfig,
-    language: str = "en",
-) -> Iterator[dict]:
+def window_jobs(
+    target: WhisperBackend, windows: list[tuple[str, AudioWindow]], language: str = "en"
+) -> Iterator[tuple[dict[str, Any], DecodeRequest]]:
     for path, window in progress(windows, len(windows), "transcribe"):
-        request = target.request(window.samples, language=language)
-        for method in methods:
-            result = METHODS[method](target, None, request, config)
-            yield result_record(result, target, file=str(path), window=window.index, start_s=window.start_s)
+        context = {"file": str(path), "window": window.index, "start_s": window.start_s}
+        yield context, target.request(window.samples, language=language)
+
+
+def load_models(args, kind: type, what: str):
+    """The target, and the drafter when a method needs one."""
+    from asyncspec.models.registry import load_decoder
+
+    target = load_decoder(args.model, args.dtype)
+    if not isinstance(target, kind):
+        raise InputError(f"{args.model} is not a {what} model")
+    drafter = load_decoder(args.drafter, args.dtype) if needs_drafter(args.methods) else None
+    return target, drafter
+
+
+def decode_config(args) -> DecodeConfig:
+    if args.budget is not None and args.budget < 1:
+        raise InputError(f"--budget must be at least 1, got {args.budget}")
+    if args.temperature < 0:
+        raise InputError(f"--temperature must be >= 0, got {args.temperature}")
+    return DecodeConfig(temperature=args.temperature, seed=args.seed, budget=args.budget)
 
 
 def run(args) -> int:
-    from asyncspec.models.registry import load_decoder
-
     windows = file_windows(args.audio)
-    target = load_decoder(args.model, args.dtype)
-    if not isinstance(target, WhisperBackend):
-        raise SystemExit(f"asyncspec: error: {args.model} is not a speech model")
-    config = DecodeConfig(temperature=args.temperature, seed=args.seed)
-    texts: dict[str, list[str]] = {}
-    for record in transcribe_windows(target, windows, args.methods, config, args.language):
-        emit(record, args.json)
-        texts.setdefault(record["file"], []).append(record["text"])
-    if not args.json and len(windows) > 1:
-        for path, parts in texts.items():
-            print(f"{Path(path).name}: {' '.join(parts)}")
+    methods = methods_to_run(args.methods, args.compare)
+    args.methods = methods
+    config = decode_config(args)
+    target, drafter = load_models(args, WhisperBackend, "speech")
+    jobs = window_jobs(target, windows, args.language)
+    records = run_jobs(target, drafter, jobs, methods, config, args.json, args.trace)
+    print_summary(records, args.json)
     return 0

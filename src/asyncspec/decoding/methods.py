@@ -5,13 +5,15 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from asyncspec.decoding.result import DecodeConfig, DecodeResult
+from asyncspec.decoding.specasr import decode_specasr
+from asyncspec.decoding.standard_sd import decode_standard_sd
 from asyncspec.decoding.target_only import decode_target_only
 from asyncspec.errors import InputError
 from asyncspec.models.base import Decoder, DecodeRequest
 
 DecodeFn = Callable[[Decoder, "Decoder | None", DecodeRequest, DecodeConfig], DecodeResult]
 
-METHODS: dict[str, DecodeFn] = {"target": decode_target_only}
+METHODS: dict[str, DecodeFn] = {"target": decode_target_only, "sd": decode_standard_sd, "specasr": decode_specasr}
 
 
 def parse_methods(text: str) -> list[str]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from asyncspec.models.base import Decoder, DecodeRequest
 from asyncspec.trace import Trace
 
 
@@ -11,6 +12,7 @@ from asyncspec.trace import Trace
 class DecodeConfig:
     temperature: float = 0.0  # 0 = greedy
     seed: int = 0
+    budget: int | None = None  # proposals per round (None: the method's default)
 
 
 @dataclass
@@ -20,6 +22,41 @@ class DecodeStats:
     target_calls: int = 0  # excluding prefill
     call_widths: list[int] = field(default_factory=list)
     finish_reason: str = ""  # "eos" or "length"
+    # speculative rounds (vocabulary of verify.py): drafted candidates, accepted ones, and the
+    # target's own token per round: recovered after a rejection or bonus after full acceptance
+    rounds: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    recovered: int = 0
+    bonus: int = 0
+    position_tried: list[int] = field(default_factory=list)  # rounds that verified position i
+    position_accepted: list[int] = field(default_factory=list)  # ... and accepted it
+    drafter_calls: int = 0
+    recycled: int = 0  # candidates reused from an earlier draft instead of drafted again
+    draft_s: float = 0.0  # drafting time on the target's critical path (conversion included)
+    convert_s: float = 0.0
+
+    def observe_round(self, n_candidates: int, accepted: int) -> None:
+        self.rounds += 1
+        self.drafted += n_candidates
+        self.accepted += accepted
+        self.recovered += accepted < n_candidates
+        self.bonus += accepted == n_candidates
+        for i in range(n_candidates):
+            if i == len(self.position_tried):
+                self.position_tried.append(0)
+                self.position_accepted.append(0)
+            self.position_tried[i] += 1
+            self.position_accepted[i] += i < accepted
+
+    @property
+    def acceptance(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def mean_accepted_len(self) -> float:
+        """Accepted candidates per verification round."""
+        return self.accepted / self.rounds if self.rounds else 0.0
 
     def tps(self, n_tokens: int) -> float:
         return n_tokens / self.decode_s if self.decode_s > 0 else 0.0
@@ -35,3 +72,21 @@ class DecodeResult:
     @property
     def tps(self) -> float:
         return self.stats.tps(len(self.tokens))
+
+
+def output_limit(request: DecodeRequest, target: Decoder) -> int:
+    """Most tokens a method may commit: the request's cap, or what fits the target's positions
+    (the last committed token is never fed back, hence the + 1)."""
+    return min(request.max_new_tokens, target.max_length - len(request.prompt_ids) + 1)
+
+
+def commit_token(token: int, committed: list[int], eos_ids: frozenset[int], limit: int, stats: DecodeStats) -> bool:
+    """Append a target-approved token; False when decoding ends (end of sequence or length)."""
+    if token in eos_ids:
+        stats.finish_reason = "eos"
+        return False
+    committed.append(token)
+    if len(committed) >= limit:
+        stats.finish_reason = "length"
+        return False
+    return True

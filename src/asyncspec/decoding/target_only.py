@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from asyncspec.decoding.result import DecodeConfig, DecodeResult, DecodeStats
+from asyncspec.decoding.result import DecodeConfig, DecodeResult, DecodeStats, commit_token, output_limit
 from asyncspec.models.base import Decoder, DecodeRequest
 from asyncspec.sampling import make_generator, next_token
 from asyncspec.trace import Trace
@@ -20,14 +20,8 @@ def decode_target_only(
         state = target.prefill(request)
     stats.prefill_s = trace.now()
     token = next_token(target, state.next_logits, config.temperature, generator)
-    while True:
-        if token in target.eos_ids:
-            stats.finish_reason = "eos"
-            break
-        tokens.append(token)
-        if len(tokens) >= request.max_new_tokens or state.length + 1 > target.max_length:
-            stats.finish_reason = "length"
-            break
+    limit = output_limit(request, target)
+    while commit_token(token, tokens, target.eos_ids, limit, stats):
         with trace.stage("verify", width=1):
             logits = target.extend(state, [token])
         stats.target_calls += 1

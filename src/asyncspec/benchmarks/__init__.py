@@ -1,0 +1,1 @@
+"""Workloads and side-by-side benchmark commands."""

@@ -1,0 +1,165 @@
+"""Run several methods on the same request, check them against target-only, summarise side by side."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterable
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from asyncspec.commands.report import emit, result_record
+from asyncspec.decoding.methods import METHODS
+from asyncspec.decoding.result import DecodeConfig, DecodeResult
+from asyncspec.models.base import Decoder, DecodeRequest
+
+REFERENCE = "target"
+NEEDS_DRAFTER = {"sd", "specasr"}
+
+
+def methods_to_run(methods: list[str], compare: bool) -> list[str]:
+    """With --compare, target-only runs first so every other method is checked against it."""
+    return [REFERENCE] + [m for m in methods if m != REFERENCE] if compare else methods
+
+
+def needs_drafter(methods: list[str]) -> bool:
+    return any(method in NEEDS_DRAFTER for method in methods)
+
+
+def decode_request(
+    target: Decoder, drafter: Decoder | None, request: DecodeRequest, methods: list[str], config: DecodeConfig
+) -> list[DecodeResult]:
+    return [METHODS[method](target, drafter, request, config) for method in methods]
+
+
+def comparison_records(results: list[DecodeResult], target: Decoder, **context: Any) -> list[dict[str, Any]]:
+    """One record per method; `equal_to_target` when target-only ran on the same request."""
+    reference = next((r.tokens for r in results if r.method == REFERENCE), None)
+    records = []
+    for result in results:
+        record = result_record(result, target, **context)
+        stats = result.stats
+        record.update(
+            equal_to_target=None if reference is None else result.tokens == reference,
+            acceptance=round(stats.acceptance, 4),
+            mean_accepted_len=round(stats.mean_accepted_len, 3),
+            drafted=stats.drafted,
+            accepted=stats.accepted,
+            recovered=stats.recovered,
+            bonus=stats.bonus,
+            recycled=stats.recycled,
+            drafter_calls=stats.drafter_calls,
+            draft_s=round(stats.draft_s, 4),
+            convert_s=round(stats.convert_s, 4),
+            call_widths=stats.call_widths,
+            position_acceptance=[
+                round(a / t, 3) for a, t in zip(stats.position_accepted, stats.position_tried, strict=True)
+            ],
+        )
+        records.append(record)
+    return records
+
+
+def summarize(records: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """Pooled figures per method: tokens / decode time over all windows, ratios to target-only."""
+    rows: dict[str, dict[str, float]] = {}
+    for record in records:
+        row = rows.setdefault(
+            record["method"],
+            {
+                "windows": 0,
+                "tokens": 0,
+                "decode_s": 0.0,
+                "draft_s": 0.0,
+                "drafted": 0,
+                "accepted": 0,
+                "target_calls": 0,
+                "equal": 0,
+            },
+        )
+        row["windows"] += 1
+        row["tokens"] += record["n_tokens"]
+        row["decode_s"] += record["decode_s"]
+        row["draft_s"] += record.get("draft_s", 0.0)
+        row["drafted"] += record.get("drafted", 0)
+        row["accepted"] += record.get("accepted", 0)
+        row["target_calls"] += record["target_calls"]
+        row["equal"] += bool(record.get("equal_to_target"))
+    reference_tps = _tps(rows.get(REFERENCE))
+    for row in rows.values():
+        row["tps"] = _tps(row)
+        row["ratio"] = row["tps"] / reference_tps if reference_tps else float("nan")
+        row["acceptance"] = row["accepted"] / row["drafted"] if row["drafted"] else 0.0
+        row["mean_accepted_len"] = row["accepted"] / row["target_calls"] if row["drafted"] else 0.0
+        row["draft_share"] = row["draft_s"] / row["decode_s"] if row["decode_s"] else 0.0
+    return rows
+
+
+def _tps(row: dict[str, float] | None) -> float:
+    return row["tokens"] / row["decode_s"] if row and row["decode_s"] else 0.0
+
+
+def format_table(summary: dict[str, dict[str, float]]) -> str:
+    header = (
+        f"{'method':10s} {'windows':>7s} {'equal':>6s} {'tokens':>7s} {'TPS':>7s} {'ratio':>6s} "
+        f"{'accept':>7s} {'acc.len':>7s} {'calls':>6s} {'draft%':>7s}"
+    )
+    lines = [header, "-" * len(header)]
+    for method, row in summary.items():
+        lines.append(
+            f"{method:10s} {row['windows']:7d} {row['equal']:6d} {row['tokens']:7d} {row['tps']:7.2f} "
+            f"{row['ratio']:6.2f} {row['acceptance']:7.2f} {row['mean_accepted_len']:7.2f} "
+            f"{row['target_calls']:6d} {row['draft_share'] * 100:6.1f}%"
+        )
+    return "\n".join(lines)
+
+
+def save_traces(path: str | Path, results: list[tuple[dict[str, Any], DecodeResult]]) -> None:
+    """Every decode's stage events and stats, to be replayed later."""
+    payload = [
+        {
+            "context": context,
+            "method": result.method,
+            "tokens": result.tokens,
+            "stats": asdict(result.stats),
+            **result.trace.to_json(),
+        }
+        for context, result in results
+    ]
+    Path(path).write_text(json.dumps(payload))
+
+
+def run_jobs(
+    target: Decoder,
+    drafter: Decoder | None,
+    jobs: Iterable[tuple[dict[str, Any], DecodeRequest]],
+    methods: list[str],
+    config: DecodeConfig,
+    as_json: bool,
+    trace_path: str | None = None,
+) -> list[dict[str, Any]]:
+    """Decode every (context, request) job with every method; print records as they finish."""
+    records, traced = [], []
+    for context, request in jobs:
+        results = decode_request(target, drafter, request, methods, config)
+        for record in comparison_records(results, target, **context):
+            emit(record, as_json)
+            records.append(record)
+        traced += [(context, result) for result in results]
+    if trace_path:
+        save_traces(trace_path, traced)
+    return records
+
+
+def print_summary(records: list[dict[str, Any]], as_json: bool) -> None:
+    """The side-by-side table (human output, several methods) and any mismatch with target-only."""
+    mismatches = [r for r in records if r.get("equal_to_target") is False]
+    for record in mismatches:
+        where = record.get("file", record.get("prompt", ""))
+        print(
+            f"MISMATCH: {record['method']} differs from target-only on {where} window {record.get('window', 0)}",
+            file=sys.stderr,
+        )
+    if not as_json and len({r["method"] for r in records}) > 1:
+        print(format_table(summarize(records)))

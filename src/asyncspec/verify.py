@@ -1,0 +1,72 @@
+"""Verification math, free of models and I/O. Reused by every speculative method and the cloud.
+
+Vocabulary (as in vLLM's rejection sampler): of n candidates after a known root, the first
+`accepted` match the target; then either a *recovered* token replaces the first rejected
+candidate, or, when all n are accepted, a *bonus* token follows them. Either way exactly one
+target token is produced beyond the accepted ones.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class Verdict:
+    accepted: int  # leading candidates the target agrees with
+    next_token: int  # the recovered token (rejection) or the bonus token (all accepted)
+
+    def is_bonus(self, n_candidates: int) -> bool:
+        return self.accepted == n_candidates
+
+
+def greedy_verify(
+    target_choices: Sequence[int],  # [n + 1] the target's greedy token after root, c1, ..., cn
+    candidates: Sequence[int],  # [n]
+) -> Verdict:
+    """Accept while each candidate equals the target's choice; then the target's own token."""
+    if len(target_choices) != len(candidates) + 1:
+        raise ValueError(f"{len(target_choices)} target choices for {len(candidates)} candidates")
+    accepted = 0
+    while accepted < len(candidates) and candidates[accepted] == target_choices[accepted]:
+        accepted += 1
+    return Verdict(accepted, int(target_choices[accepted]))
+
+
+def residual(
+    p: torch.Tensor,  # [V] target probabilities at the rejected position
+    q: torch.Tensor,  # [V] drafter probabilities at that position
+) -> torch.Tensor:  # [V] normalised [p - q]+
+    """The distribution to sample from after a rejection; p itself if p == q (nothing left)."""
+    excess = torch.clamp(p - q, min=0.0)
+    total = excess.sum()
+    return excess / total if total > 0 else p
+
+
+def speculative_accept(
+    p: torch.Tensor,  # [n + 1, V] target probabilities after root, c1, ..., cn
+    q: torch.Tensor,  # [n, V] drafter probabilities the candidates were sampled from
+    candidates: Sequence[int],  # [n]
+    generator: torch.Generator | None = None,
+) -> Verdict:
+    """Leviathan et al. / Chen et al.: accept c_i with probability min(1, p_i(c_i) / q_i(c_i));
+    at the first rejection sample from the residual; after full acceptance sample a bonus from p_n.
+    The emitted tokens are distributed exactly as if sampled from p one by one."""
+    n = len(candidates)
+    if p.shape[0] != n + 1 or q.shape[0] != n:
+        raise ValueError(f"p has {p.shape[0]} rows and q {q.shape[0]} for {n} candidates")
+    for i, token in enumerate(candidates):
+        ratio = p[i, token] / q[i, token] if q[i, token] > 0 else torch.tensor(0.0)
+        if torch.rand((), generator=generator) >= ratio:
+            recovered = torch.multinomial(residual(p[i], q[i]), 1, generator=generator)
+            return Verdict(i, int(recovered.item()))
+    bonus = torch.multinomial(p[n], 1, generator=generator)
+    return Verdict(n, int(bonus.item()))
+
+
+def probabilities(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """softmax(logits / T) over the last axis, float32; suppressed (-inf) entries get 0."""
+    return torch.softmax(logits.float() / temperature, dim=-1)
