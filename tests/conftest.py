@@ -58,15 +58,16 @@ def tiny_whisper(dtype: torch.dtype = torch.float32, seed: int = 0, multilingual
         num_mel_bins=80,
         max_source_positions=1500,
         max_target_positions=448,
-        eos_token_id=50256,
-        pad_token_id=50256,
-        bos_token_id=50256,
-        decoder_start_token_id=50257,
+        eos_token_id=eot,
+        pad_token_id=eot,
+        bos_token_id=eot,
+        decoder_start_token_id=eot + 1,
         suppress_tokens=[1, 2, 7],
-        begin_suppress_tokens=[220, 50256],
+        begin_suppress_tokens=[220, eot],
     )
     model = WhisperForConditionalGeneration(config).to(dtype)
-    tokenizer = TextTokenizer.from_file(real_model_dir("whisper-tiny.en") / "tokenizer.json")
+    source = "whisper-base" if multilingual else "whisper-tiny.en"
+    tokenizer = TextTokenizer.from_file(real_model_dir(source) / "tokenizer.json")
     return WhisperBackend(model, tokenizer, f"tiny-whisper-{seed}")
 
 

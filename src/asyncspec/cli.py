@@ -10,13 +10,15 @@ from asyncspec.errors import InputError, ModelNotPreparedError
 EXIT_BAD_INPUT = 2
 
 
-def _decoding_options(parser: argparse.ArgumentParser, default_model: str, default_drafter: str) -> None:
+def _decoding_options(parser: argparse.ArgumentParser, default_model: str | None, default_drafter: str | None) -> None:
     parser.add_argument("--model", default=default_model, help="registered name, local directory or HF id")
-    parser.add_argument("--method", default="target", help="comma list of: target, sd, specasr")
+    parser.add_argument("--method", default="target", help="comma list of: target, sd, specasr, as2d")
     parser.add_argument("--drafter", default=default_drafter, help="drafter model for sd/specasr")
     parser.add_argument("--budget", type=int, default=None, help="proposals per round (sd: 7, specasr cap: 24)")
     parser.add_argument("--compare", action="store_true", help="also run target-only, check equality, print a table")
     parser.add_argument("--trace", metavar="FILE", help="save every decode's stage events as JSON")
+    parser.add_argument("--producer-model", default="whisper-tiny.en", help="as2d: the producer's recogniser")
+    parser.add_argument("--chunk-s", type=float, default=2.56, help="as2d: seconds of audio per published chunk")
     parser.add_argument("--dtype", default="bf16", choices=["bf16", "fp32", "fp16"])
     parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     parser.add_argument("--seed", type=int, default=0)
@@ -48,6 +50,15 @@ def build_parser() -> argparse.ArgumentParser:
     _decoding_options(demo, "whisper-base", "whisper-tiny.en")
     demo.set_defaults(method="sd,specasr", json=None)
     demo.add_argument("--json-file", dest="json", metavar="FILE", help="write records, summary and WER as JSON")
+    bench = commands.add_parser("bench", help="benchmarks that compare methods side by side in one run")
+    benches = bench.add_subparsers(dest="bench", required=True)
+    methods = benches.add_parser("methods", help="target-only vs sd vs specasr on LibriVox or HumanEval")
+    methods.add_argument("--workload", choices=["librivox", "humaneval"], default="librivox")
+    methods.add_argument("--n", type=int, default=None, help="clips or prompts (default: all clips, 5 prompts)")
+    methods.add_argument("--max-new-tokens", type=int, default=128)
+    methods.add_argument("--out", default="out", help="folder for the JSON and PNG")
+    _decoding_options(methods, None, None)
+    methods.set_defaults(method="sd,specasr", json=False)
     return parser
 
 
@@ -76,6 +87,10 @@ def _dispatch(args: argparse.Namespace) -> int:
         args.methods = parse_methods(args.method)
 
     handlers = {"models": models.run, "transcribe": transcribe.run, "generate": generate.run, "demo": demo.run}
+    if args.command == "bench":
+        from asyncspec.benchmarks import methods as methods_bench
+
+        return {"methods": methods_bench.run}[args.bench](args)
     return handlers[args.command](args)
 
 

@@ -16,6 +16,7 @@ from asyncspec.models.base import Decoder, DecodeRequest
 
 REFERENCE = "target"
 NEEDS_DRAFTER = {"sd", "specasr"}
+NEEDS_PRODUCER = {"as2d"}
 
 
 def methods_to_run(methods: list[str], compare: bool) -> list[str]:
@@ -28,9 +29,10 @@ def needs_drafter(methods: list[str]) -> bool:
 
 
 def decode_request(
-    target: Decoder, drafter: Decoder | None, request: DecodeRequest, methods: list[str], config: DecodeConfig
+    target: Decoder, drafters: dict[str, Any], request: DecodeRequest, methods: list[str], config: DecodeConfig
 ) -> list[DecodeResult]:
-    return [METHODS[method](target, drafter, request, config) for method in methods]
+    """Each method with its own drafter (a prefix-conditioned model, or As²d's producer)."""
+    return [METHODS[method](target, drafters.get(method), request, config) for method in methods]
 
 
 def comparison_records(results: list[DecodeResult], target: Decoder, **context: Any) -> list[dict[str, Any]]:
@@ -53,6 +55,7 @@ def comparison_records(results: list[DecodeResult], target: Decoder, **context: 
             draft_s=round(stats.draft_s, 4),
             convert_s=round(stats.convert_s, 4),
             call_widths=stats.call_widths,
+            **stats.extra,
             position_acceptance=[
                 round(a / t, 3) for a, t in zip(stats.position_accepted, stats.position_tried, strict=True)
             ],
@@ -132,7 +135,7 @@ def save_traces(path: str | Path, results: list[tuple[dict[str, Any], DecodeResu
 
 def run_jobs(
     target: Decoder,
-    drafter: Decoder | None,
+    drafters: dict[str, Any],
     jobs: Iterable[tuple[dict[str, Any], DecodeRequest]],
     methods: list[str],
     config: DecodeConfig,
@@ -142,7 +145,7 @@ def run_jobs(
     """Decode every (context, request) job with every method; print records as they finish."""
     records, traced = [], []
     for context, request in jobs:
-        results = decode_request(target, drafter, request, methods, config)
+        results = decode_request(target, drafters, request, methods, config)
         for record in comparison_records(results, target, **context):
             emit(record, as_json)
             records.append(record)

@@ -20,8 +20,8 @@ def run(args) -> int:
     windows = file_windows([str(clip.path) for clip in clips])
     args.methods = methods_to_run(args.methods, compare=True)
     config = decode_config(args)
-    target, drafter = load_models(args, WhisperBackend, "speech")
-    records = run_jobs(target, drafter, window_jobs(target, windows), args.methods, config, as_json=False)
+    with load_models(args, WhisperBackend, "speech") as (target, drafters):
+        records = run_jobs(target, drafters, window_jobs(target, windows), args.methods, config, as_json=False)
     print_summary(records, as_json=False)
     wer = word_error_rates(records, references)
     for method, rate in wer.items():

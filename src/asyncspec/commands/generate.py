@@ -13,9 +13,11 @@ def run(args) -> int:
         raise InputError("the prompt is empty")
     args.methods = methods_to_run(args.methods, args.compare)
     config = decode_config(args)
-    target, drafter = load_models(args, CausalLMBackend, "text")
-    request = target.request(args.prompt, max_new_tokens=args.max_new_tokens)
-    jobs = [({"prompt_tokens": len(request.prompt_ids)}, request)]
-    records = run_jobs(target, drafter, jobs, args.methods, config, args.json, args.trace)
+    if "as2d" in args.methods:
+        raise InputError("as2d drafts from audio; for text use target, sd or specasr")
+    with load_models(args, CausalLMBackend, "text") as (target, drafters):
+        request = target.request(args.prompt, max_new_tokens=args.max_new_tokens)
+        jobs = [({"prompt_tokens": len(request.prompt_ids)}, request)]
+        records = run_jobs(target, drafters, jobs, args.methods, config, args.json, args.trace)
     print_summary(records, args.json)
     return 0

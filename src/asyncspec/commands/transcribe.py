@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from asyncspec.audio import AudioWindow, load_audio, split_windows
@@ -10,7 +11,7 @@ from asyncspec.commands.compare import methods_to_run, needs_drafter, print_summ
 from asyncspec.commands.report import progress
 from asyncspec.decoding.result import DecodeConfig
 from asyncspec.errors import InputError
-from asyncspec.models.base import DecodeRequest
+from asyncspec.models.base import Decoder, DecodeRequest
 from asyncspec.models.hf_whisper import WhisperBackend
 
 
@@ -27,15 +28,38 @@ def window_jobs(
         yield context, target.request(window.samples, language=language)
 
 
-def load_models(args, kind: type, what: str):
-    """The target, and the drafter when a method needs one."""
+@contextmanager
+def load_models(args, kind: type, what: str) -> Iterator[tuple[Decoder, dict[str, Any]]]:
+    """The target and, per method, its drafter: a prefix-conditioned model for sd/specasr, a
+    producer process for as2d (closed on exit)."""
     from asyncspec.models.registry import load_decoder
 
     target = load_decoder(args.model, args.dtype)
     if not isinstance(target, kind):
         raise InputError(f"{args.model} is not a {what} model")
-    drafter = load_decoder(args.drafter, args.dtype) if needs_drafter(args.methods) else None
-    return target, drafter
+    drafters: dict[str, Any] = {}
+    if needs_drafter(args.methods):
+        drafter = load_decoder(args.drafter, args.dtype)
+        drafters.update(sd=drafter, specasr=drafter)
+    producer = start_producer(args, target) if "as2d" in args.methods else None
+    drafters["as2d"] = producer
+    try:
+        yield target, drafters
+    finally:
+        if producer is not None:
+            producer.close()
+
+
+def start_producer(args, target: Decoder):
+    from asyncspec.models.offline import ct2_model_dir
+    from asyncspec.ondevice.producer import ProducerProcess, ProducerSpec
+
+    spec = ProducerSpec(
+        model_dir=str(ct2_model_dir(args.producer_model)),
+        target_tokenizer_json=target.tokenizer.backend.to_str(),
+        chunk_s=args.chunk_s,
+    )
+    return ProducerProcess(spec)
 
 
 def decode_config(args) -> DecodeConfig:
@@ -51,8 +75,8 @@ def run(args) -> int:
     methods = methods_to_run(args.methods, args.compare)
     args.methods = methods
     config = decode_config(args)
-    target, drafter = load_models(args, WhisperBackend, "speech")
-    jobs = window_jobs(target, windows, args.language)
-    records = run_jobs(target, drafter, jobs, methods, config, args.json, args.trace)
+    with load_models(args, WhisperBackend, "speech") as (target, drafters):
+        jobs = window_jobs(target, windows, args.language)
+        records = run_jobs(target, drafters, jobs, methods, config, args.json, args.trace)
     print_summary(records, args.json)
     return 0

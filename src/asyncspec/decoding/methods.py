@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from asyncspec.decoding.as2d import decode_as2d
 from asyncspec.decoding.result import DecodeConfig, DecodeResult
 from asyncspec.decoding.specasr import decode_specasr
 from asyncspec.decoding.standard_sd import decode_standard_sd
@@ -13,7 +14,12 @@ from asyncspec.models.base import Decoder, DecodeRequest
 
 DecodeFn = Callable[[Decoder, "Decoder | None", DecodeRequest, DecodeConfig], DecodeResult]
 
-METHODS: dict[str, DecodeFn] = {"target": decode_target_only, "sd": decode_standard_sd, "specasr": decode_specasr}
+METHODS: dict[str, DecodeFn] = {
+    "target": decode_target_only,
+    "sd": decode_standard_sd,
+    "specasr": decode_specasr,
+    "as2d": decode_as2d,
+}
 
 
 def parse_methods(text: str) -> list[str]:

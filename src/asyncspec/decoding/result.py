@@ -35,6 +35,7 @@ class DecodeStats:
     recycled: int = 0  # candidates reused from an earlier draft instead of drafted again
     draft_s: float = 0.0  # drafting time on the target's critical path (conversion included)
     convert_s: float = 0.0
+    extra: dict = field(default_factory=dict)  # method-specific figures (As²d: stage accounting, buffer)
 
     def observe_round(self, n_candidates: int, accepted: int) -> None:
         self.rounds += 1

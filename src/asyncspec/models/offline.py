@@ -277,3 +277,14 @@ def verify(name: str) -> list[str]:
     if manifest.get("source_sha256") != REGISTRY[name].sha256:
         problems.append(f"{name}: prepared from a different source file")
     return problems
+
+
+def ct2_model_dir(name: str) -> Path:
+    """A complete CTranslate2 model directory as shipped (for producers that run CTranslate2)."""
+    model = REGISTRY.get(name)
+    if model is None or model.source_format != "ct2-whisper" or len(model.parts) != 1:
+        raise ModelNotPreparedError(f"{name}: no CTranslate2 directory ships for it (use whisper-tiny.en)")
+    directory = package_file(*model.parts[0]).parent
+    if not (directory / "model.bin").is_file():
+        raise ModelNotPreparedError(f"{name}: {directory} has no model.bin; {model.install_hint()}")
+    return directory

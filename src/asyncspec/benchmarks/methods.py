@@ -1,0 +1,106 @@
+"""`asyncspec bench methods`: target-only and the serial speculative methods side by side on a
+real workload (LibriVox speech with Whisper, or HumanEval prompts with Qwen), in one run so the
+ratios share machine conditions. Prints a table, writes JSON and a PNG."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from asyncspec.benchmarks.humaneval import humaneval_prompts
+from asyncspec.commands.compare import format_table, methods_to_run, run_jobs, summarize
+from asyncspec.commands.transcribe import decode_config, file_windows, load_models, window_jobs
+from asyncspec.datasets import librivox_clips
+from asyncspec.models.base import DecodeRequest
+from asyncspec.models.hf_causal import CausalLMBackend
+from asyncspec.models.hf_whisper import WhisperBackend
+
+DEFAULT_PROMPTS = 5
+WORKLOADS = {
+    "librivox": ("whisper-base", "whisper-tiny.en"),
+    "humaneval": ("qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b"),
+}
+
+
+def humaneval_jobs(
+    target: CausalLMBackend, n: int, max_new_tokens: int
+) -> Iterator[tuple[dict[str, Any], DecodeRequest]]:
+    for index, prompt in enumerate(humaneval_prompts(n)):
+        yield {"prompt": f"HumanEval/{index}", "window": 0}, target.request(prompt, max_new_tokens=max_new_tokens)
+
+
+def run(args) -> int:
+    default_model, default_drafter = WORKLOADS[args.workload]
+    args.model = args.model or default_model
+    args.drafter = args.drafter or default_drafter
+    args.methods = methods_to_run(args.methods, compare=True)
+    config = decode_config(args)
+    speech = args.workload == "librivox"
+    windows = file_windows([str(clip.path) for clip in librivox_clips()][: args.n]) if speech else []
+    with load_models(args, WhisperBackend if speech else CausalLMBackend, "speech" if speech else "text") as (
+        target,
+        drafters,
+    ):
+        if speech:
+            jobs = window_jobs(target, windows)
+        else:
+            jobs = humaneval_jobs(target, args.n or DEFAULT_PROMPTS, args.max_new_tokens)
+        records = run_jobs(target, drafters, jobs, args.methods, config, as_json=False)
+    summary = summarize(records)
+    print(format_table(summary))
+    load = os.getloadavg()[0]
+    print(f"machine: {os.cpu_count()} cores, load average {load:.2f}; {args.model} <- {args.drafter}, {args.dtype}")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    report = {
+        "workload": args.workload,
+        "model": args.model,
+        "drafter": args.drafter,
+        "dtype": args.dtype,
+        "budget": args.budget,
+        "load_average": os.getloadavg()[0],
+        "summary": summary,
+        "records": records,
+    }
+    (out / f"methods_{args.workload}.json").write_text(json.dumps(report, indent=1))
+    plot_methods(
+        records, summary, out / f"methods_{args.workload}.png", f"{args.workload}: {args.model} <- {args.drafter}"
+    )
+    print(f"wrote {out / f'methods_{args.workload}.json'} and .png")
+    return 0
+
+
+def plot_methods(records: list[dict], summary: dict[str, dict], path: Path, title: str) -> None:
+    """Left: pooled TPS per method; right: per-window TPS ratio to target-only."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    methods = list(summary)
+    figure, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    left.bar(
+        methods, [summary[m]["tps"] for m in methods], color=["#888", "#4a90d9", "#e07b39", "#3a9d5d"][: len(methods)]
+    )
+    left.set_ylabel("pooled tokens / s (after prefill)")
+    left.set_title("throughput")
+    reference = {(r.get("file", r.get("prompt")), r["window"]): r["tps"] for r in records if r["method"] == "target"}
+    for method in methods[1:]:
+        ratios = [
+            r["tps"] / reference[(r.get("file", r.get("prompt")), r["window"])]
+            for r in records
+            if r["method"] == method and reference.get((r.get("file", r.get("prompt")), r["window"]))
+        ]
+        right.plot(sorted(ratios), marker="o", label=method)
+    right.axhline(1.0, color="#888", linestyle="--", linewidth=1)
+    right.set_ylabel("TPS / target-only TPS")
+    right.set_xlabel("windows, sorted")
+    right.set_title("per-window speed-up")
+    right.legend()
+    figure.suptitle(title)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)

@@ -1,0 +1,92 @@
+"""As²d: target-decoupled speculative decoding (seed 000 §4, App. C).
+
+A producer drafts from the audio and its own history only, concurrently, and publishes batches
+into the candidate buffer. At each boundary the target takes up to `budget` ready candidates at
+the cursor, verifies them with its known root in one call, commits the matching prefix and its
+own next token, and realigns the cursor. With nothing ready it takes a one-token step: the
+target never waits for the producer.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import numpy as np
+
+from asyncspec.decoding.result import DecodeConfig, DecodeResult, DecodeStats, commit_token, output_limit
+from asyncspec.errors import InputError
+from asyncspec.models.base import Decoder, DecodeRequest
+from asyncspec.ondevice.accounting import account
+from asyncspec.ondevice.align import realign
+from asyncspec.ondevice.buffer import CandidateBuffer
+from asyncspec.trace import Trace
+from asyncspec.verify import greedy_verify
+
+METHOD = "as2d"
+DEFAULT_BUDGET = 8  # a bf16 call of width 9 costs about what width 1 does here
+CONFIDENCE_THRESHOLD = 0.4
+
+
+class Producer(Protocol):
+    def start(self, audio: np.ndarray) -> CandidateBuffer: ...
+
+    def finish(self, buffer: CandidateBuffer) -> None: ...
+
+
+def decode_as2d(
+    target: Decoder, drafter: Producer | None, request: DecodeRequest, config: DecodeConfig
+) -> DecodeResult:
+    if drafter is None or not hasattr(drafter, "start"):
+        raise InputError("as2d needs a producer (a target-decoupled drafter process)")
+    if config.temperature > 0:
+        raise InputError("as2d is a greedy method (temperature 0)")
+    trace, stats, committed = Trace(), DecodeStats(), []
+    with trace.stage("prefill"):
+        state = target.prefill(request)
+    stats.prefill_s = trace.now()
+    buffer = drafter.start(request.audio)  # the request arrives: drafting starts now, never before
+    root, cursor = target.greedy(state.next_logits)[0], 0
+    limit, budget = output_limit(request, target), config.budget or DEFAULT_BUDGET
+    while commit_token(root, committed, target.eos_ids, limit, stats):
+        with trace.stage("align"):
+            buffer.refresh()
+            cursor = realign(buffer.tokens, cursor, root, committed[-2] if len(committed) > 1 else None)
+            room = min(budget, limit - len(committed), target.max_length - state.length - 1)
+            candidates = buffer.ready(cursor + 1, room, CONFIDENCE_THRESHOLD)
+        with trace.stage("verify", width=len(candidates) + 1):
+            logits = target.extend(state, [root, *candidates])
+        stats.target_calls += 1
+        stats.call_widths.append(len(candidates) + 1)
+        verdict = greedy_verify(target.greedy(logits), candidates)
+        if verdict.accepted < len(candidates):
+            target.rollback(state, state.length - (len(candidates) - verdict.accepted))
+        if candidates:
+            stats.observe_round(len(candidates), verdict.accepted)
+        cursor += verdict.accepted + 1
+        if not all(commit_token(t, committed, target.eos_ids, limit, stats) for t in candidates[: verdict.accepted]):
+            break
+        root = verdict.next_token
+    stats.decode_s = trace.now() - stats.prefill_s
+    drafter.finish(buffer)
+    stats.extra = _as2d_figures(trace, buffer, stats, len(committed))
+    return DecodeResult(METHOD, committed, stats, trace)
+
+
+def _as2d_figures(trace: Trace, buffer: CandidateBuffer, stats: DecodeStats, n_tokens: int) -> dict:
+    start, end = stats.prefill_s, stats.prefill_s + stats.decode_s
+    producer = [(b.started - trace.origin, b.published - trace.origin) for b in buffer.batches]
+    verifier = [(e.start, e.end) for e in trace.events if e.stage in ("align", "verify")]
+    first_publication = min((b.published - trace.origin for b in buffer.batches), default=None)
+    return {
+        "accounting": account(producer, verifier, start, end).as_dict(),
+        "published": len(buffer.tokens),
+        "used": stats.drafted,
+        "coverage": stats.accepted / n_tokens if n_tokens else 0.0,
+        "k1_share": stats.call_widths.count(1) / len(stats.call_widths) if stats.call_widths else 0.0,
+        "first_publication_s": None if first_publication is None else round(first_publication - start, 4),
+        "producer_messages_before_end": sum(
+            1 for kind, t in buffer.producer_log if kind != "start" and t - trace.origin < end
+        ),
+        "producer_intervals": [(round(a - start, 4), round(b - start, 4)) for a, b in producer],
+        "verifier_intervals": [(round(a - start, 4), round(b - start, 4)) for a, b in verifier if a >= start],
+    }

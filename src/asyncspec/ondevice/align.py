@@ -1,0 +1,36 @@
+"""Bounded local cursor realignment (seed 000 App. C.3).
+
+The cursor is the stream index believed to hold the target's current root token; candidates are
+the tokens after it. Full acceptance moves it by the committed count. After a rejection the
+position-based guess (the correction took the rejected candidate's slot) is kept unless the root
+itself is found nearby: an insertion or a deletion by the target shifts the match by a few
+positions. Nothing here reads or changes the producer: only the cursor moves.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+SEARCH_RADIUS = 8  # positions on each side of the expected slot
+
+
+def realign(stream: Sequence[int], expected: int, root: int, previous: int | None, radius: int = SEARCH_RADIUS) -> int:
+    """The cursor for `root` near `expected`.
+
+    If the expected slot already holds the root it stays. Otherwise the nearest matching slot
+    within the radius (forward first at equal distance), preferring one whose predecessor is the
+    previously committed token, so a repeated word does not pull the cursor to the wrong copy.
+    No match: the expected slot stays (a substitution keeps the following candidates usable).
+    """
+    if expected >= len(stream) or stream[expected] == root:
+        return expected
+    matches = [
+        slot
+        for distance in range(1, radius + 1)
+        for slot in (expected + distance, expected - distance)
+        if 0 <= slot < len(stream) and stream[slot] == root
+    ]
+    if not matches:
+        return expected
+    with_context = [s for s in matches if previous is not None and s > 0 and stream[s - 1] == previous]
+    return (with_context or matches)[0]

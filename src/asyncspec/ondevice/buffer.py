@@ -1,0 +1,84 @@
+"""The ordered candidate buffer between a producer and the target.
+
+The producer appends immutable batches (one publication each); the target drains whatever has
+arrived without blocking (`refresh`, microseconds when nothing is new) and reads candidates from
+the flat token stream at a cursor that only alignment moves. Provenance stays with each batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+
+@dataclass(frozen=True)
+class PublishedBatch:
+    request_id: int
+    source: str  # e.g. "ct2-chunk" or "autoregressive"
+    offset: int  # index of the batch's first token in the request's stream
+    tokens: tuple[int, ...]  # target-vocabulary ids
+    confidences: tuple[float, ...] | None  # drafter probability per token, when the source has it
+    started: float  # perf_counter time the producer began this batch's work
+    published: float  # perf_counter time it was handed to the buffer
+
+
+class BatchChannel(Protocol):
+    def poll(self, timeout: float = 0.0) -> bool: ...
+
+    def recv(self) -> object: ...
+
+
+class CandidateBuffer:
+    """One request's published candidates, in order. Only the consumer (target side) touches it."""
+
+    def __init__(self, request_id: int, channel: BatchChannel | None = None):
+        self.request_id = request_id
+        self.channel = channel
+        self.batches: list[PublishedBatch] = []
+        self.tokens: list[int] = []
+        self.confidences: list[float | None] = []
+        self.publish_times: list[float] = []
+        self.finished = False  # the producer has published everything it will for this request
+        self.producer_log: list[tuple[str, float]] = []  # what the producer received, and when
+        self.stale_dropped = 0  # batches of other (earlier) requests drained and dropped
+
+    def refresh(self) -> int:
+        """Drain what the producer has sent, without waiting; returns the new token count."""
+        before = len(self.tokens)
+        while self.channel is not None and self.channel.poll(0):
+            self.accept(self.channel.recv())
+        return len(self.tokens) - before
+
+    def accept(self, message: object) -> None:
+        if isinstance(message, PublishedBatch):
+            self.publish(message)
+        elif isinstance(message, tuple) and message[:1] == ("done",):
+            if message[1] == self.request_id:
+                self.finished = True
+                self.producer_log = list(message[3]) if len(message) > 3 else []
+        else:
+            raise TypeError(f"unexpected message on the candidate channel: {message!r}")
+
+    def publish(self, batch: PublishedBatch) -> None:
+        if batch.request_id != self.request_id:
+            self.stale_dropped += 1
+            return
+        if batch.offset != len(self.tokens):
+            raise ValueError(f"batch at offset {batch.offset} after {len(self.tokens)} published tokens")
+        self.batches.append(batch)
+        self.tokens.extend(batch.tokens)
+        self.confidences.extend(batch.confidences or [None] * len(batch.tokens))
+        self.publish_times.extend([batch.published] * len(batch.tokens))
+
+    def ready(self, start: int, limit: int, min_confidence: float | None = None) -> list[int]:
+        """Up to `limit` published tokens from `start`; with confidences, stop after the first
+        token below min_confidence (that token included, as in ASP)."""
+        if start < 0:
+            return []
+        window = self.tokens[start : start + max(limit, 0)]
+        if min_confidence is None:
+            return window
+        for i, confidence in enumerate(self.confidences[start : start + len(window)]):
+            if confidence is not None and confidence < min_confidence:
+                return window[: i + 1]
+        return window

@@ -1,0 +1,191 @@
+"""As²d: buffer, alignment, accounting, exactness with every kind of producer, and decoupling."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from asyncspec.audio import load_audio
+from asyncspec.datasets import librivox_clips
+from asyncspec.decoding import as2d
+from asyncspec.decoding.methods import METHODS
+from asyncspec.decoding.result import DecodeConfig
+from asyncspec.models.base import DecodeRequest
+from asyncspec.ondevice.accounting import account, merge
+from asyncspec.ondevice.align import realign
+from asyncspec.ondevice.buffer import CandidateBuffer, PublishedBatch
+from asyncspec.ondevice.chunking import chunk_bounds
+from conftest import synthetic_speech, tiny_causal, tiny_whisper
+
+
+class TimedChannel:
+    """Releases scripted batches once their delay (seconds after start) has passed."""
+
+    def __init__(self, script: list[tuple[float, PublishedBatch]]):
+        self.start = time.perf_counter()
+        self.pending = list(script)
+
+    def poll(self, timeout: float = 0.0) -> bool:
+        return bool(self.pending) and time.perf_counter() - self.start >= self.pending[0][0]
+
+    def recv(self):
+        return self.pending.pop(0)[1]
+
+
+class ScriptedProducer:
+    """In-process stand-in for a producer: publishes fixed tokens in batches on a schedule."""
+
+    def __init__(self, tokens: list[int], batch: int = 4, delay_s: float = 0.0, first_s: float = 0.0):
+        self.tokens, self.batch, self.delay_s, self.first_s = tokens, batch, delay_s, first_s
+        self.started = 0
+
+    def start(self, audio):
+        self.started += 1
+        now = time.perf_counter()
+        script = [
+            (
+                self.first_s + i // self.batch * self.delay_s,
+                PublishedBatch(self.started, "scripted", i, tuple(self.tokens[i : i + self.batch]), None, now, now),
+            )
+            for i in range(0, len(self.tokens), self.batch)
+        ]
+        return CandidateBuffer(self.started, TimedChannel(script))
+
+    def finish(self, buffer):
+        buffer.finished = True
+
+
+def _reference(target, request):
+    return METHODS["target"](target, None, request, DecodeConfig())
+
+
+@pytest.fixture(scope="module")
+def whisper_pair():
+    target = tiny_whisper(torch.float32, seed=0, multilingual=True)
+    request = target.request(synthetic_speech(4.0), max_new_tokens=40)
+    return target, request, _reference(target, request).tokens
+
+
+def _producers(truth: list[int]) -> dict[str, ScriptedProducer]:
+    rng = np.random.default_rng(0)
+    shifted = truth[:5] + [1000] + truth[5:12] + truth[13:]  # one insertion, one deletion
+    return {
+        "perfect": ScriptedProducer(truth),
+        "garbage": ScriptedProducer(rng.integers(300, 50000, size=60).tolist()),
+        "nothing": ScriptedProducer([]),
+        "slow": ScriptedProducer(truth, batch=4, delay_s=0.2, first_s=0.1),
+        "shifted": ScriptedProducer(shifted),
+    }
+
+
+@pytest.mark.parametrize("kind", ["perfect", "garbage", "nothing", "slow", "shifted"])
+@pytest.mark.parametrize("budget", [1, 3, 8, 16])
+def test_as2d_equals_target_only_with_any_producer(whisper_pair, kind, budget):
+    target, request, truth = whisper_pair
+    result = METHODS["as2d"](target, _producers(truth)[kind], request, DecodeConfig(budget=budget))
+    assert result.tokens == truth
+    assert max(result.stats.call_widths) <= budget + 1
+    if kind == "perfect":
+        assert result.stats.acceptance == 1.0
+        assert result.stats.target_calls <= -(-len(truth) // (budget + 1)) + 1
+    if kind == "nothing":
+        assert result.stats.call_widths == [1] * result.stats.target_calls
+
+
+def test_shifted_stream_is_realigned_and_mostly_used(monkeypatch):
+    target = tiny_causal(torch.float32, seed=7)
+    target.eos_ids = frozenset()
+    request = DecodeRequest((1, 2, 3, 4), max_new_tokens=40)
+    truth = _reference(target, request).tokens
+    shifted = truth[:5] + [(truth[5] + 1) % 95] + truth[5:]  # the producer has an extra token
+
+    def coverage() -> float:
+        result = METHODS["as2d"](target, ScriptedProducer(shifted, batch=40), request, DecodeConfig(budget=8))
+        assert result.tokens == truth
+        return result.stats.extra["coverage"]
+
+    aligned = coverage()
+    monkeypatch.setattr(as2d, "realign", lambda stream, expected, root, previous: expected)
+    assert aligned > 0.75  # the shift costs about one round, not the rest of the stream
+    assert aligned > coverage() + 0.3  # without realignment the shift ruins the rest
+
+
+def test_realign_rules():
+    stream = [10, 11, 12, 13, 14, 11, 15]
+    assert realign(stream, 2, 12, previous=11) == 2  # already in place
+    assert realign(stream, 2, 13, previous=99) == 3  # the target skipped a candidate
+    assert realign(stream, 3, 12, previous=11) == 2  # the target inserted a token
+    assert realign(stream, 4, 11, previous=14) == 5  # repeated token: the copy after its predecessor
+    assert realign(stream, 2, 77, previous=11) == 2  # no match: keep the slot (substitution)
+    assert realign(stream, 9, 12, previous=11) == 9  # beyond what is published: unchanged
+
+
+def test_buffer_orders_batches_drops_stale_ones_and_reads_fast():
+    buffer = CandidateBuffer(2)
+    buffer.publish(PublishedBatch(1, "s", 0, (5, 6), None, 0.0, 0.0))  # an earlier request's leftovers
+    buffer.publish(PublishedBatch(2, "s", 0, (7, 8, 9), (0.9, 0.3, 0.8), 0.0, 0.1))
+    assert buffer.tokens == [7, 8, 9] and buffer.stale_dropped == 1
+    assert buffer.ready(0, 8, min_confidence=0.4) == [7, 8]  # ASP: the low-confidence token ends the read
+    with pytest.raises(ValueError, match="offset"):
+        buffer.publish(PublishedBatch(2, "s", 7, (1,), None, 0.0, 0.2))
+    channel = TimedChannel([])
+    buffer.channel = channel
+    started = time.perf_counter()
+    for _ in range(1000):
+        buffer.refresh()
+    assert (time.perf_counter() - started) / 1000 < 50e-6  # microseconds on the target's path
+
+
+def test_accounting_identity_and_overlap():
+    producer = [(0.0, 1.0), (0.5, 2.0), (3.0, 4.0)]
+    verifier = [(0.2, 0.4), (1.5, 3.5)]
+    stages = account(producer, verifier, 0.0, 5.0)
+    assert merge(producer) == [(0.0, 2.0), (3.0, 4.0)]
+    assert stages.producer_s == pytest.approx(3.0) and stages.verifier_s == pytest.approx(2.2)
+    assert stages.overlap_s == pytest.approx(0.2 + 0.5 + 0.5)
+    assert stages.residual_s == pytest.approx(1.0)  # (4, 5) is idle
+    assert stages.total_s == pytest.approx(stages.producer_s + stages.verifier_s - stages.overlap_s + stages.residual_s)
+
+
+def test_chunks_cover_the_audio_and_cut_at_quiet_points():
+    t = np.arange(16000 * 7) / 16000
+    samples = (0.5 * np.sin(2 * np.pi * 200 * t)).astype(np.float32)
+    samples[int(2.4 * 16000) : int(2.5 * 16000)] = 0.0  # a pause near the first nominal boundary
+    bounds = chunk_bounds(samples, 2.56)
+    assert bounds[0][0] == 0 and bounds[-1][1] == len(samples)
+    assert all(a[1] == b[0] for a, b in zip(bounds, bounds[1:], strict=False))
+    assert 2.4 * 16000 <= bounds[0][1] <= 2.5 * 16000
+
+
+@pytest.mark.real
+def test_real_producer_is_decoupled_and_output_is_exact(whisper_base_bf16):
+    from asyncspec.models.offline import ct2_model_dir
+    from asyncspec.ondevice.producer import ProducerProcess, ProducerSpec
+
+    spec = ProducerSpec(
+        model_dir=str(ct2_model_dir("whisper-tiny.en")),
+        target_tokenizer_json=whisper_base_bf16.tokenizer.backend.to_str(),
+    )
+    producer = ProducerProcess(spec)
+    try:
+        for clip in librivox_clips()[:3]:
+            request = whisper_base_bf16.request(load_audio(clip.path))
+            truth = _reference(whisper_base_bf16, request).tokens
+            result = METHODS["as2d"](whisper_base_bf16, producer, request, DecodeConfig())
+            assert result.tokens == truth, clip.path.name
+            assert result.stats.extra["producer_messages_before_end"] == 0  # nothing from the target side
+            assert result.stats.extra["published"] > 0
+            accounting = result.stats.extra["accounting"]
+            assert accounting["total_s"] == pytest.approx(
+                accounting["producer_s"]
+                + accounting["verifier_s"]
+                - accounting["overlap_s"]
+                + accounting["residual_s"],
+                abs=1e-5,
+            )
+    finally:
+        producer.close()
+    assert not producer.process.is_alive()
