@@ -161,17 +161,19 @@ def test_chunks_cover_the_audio_and_cut_at_quiet_points():
 
 
 @pytest.mark.real
-def test_real_producer_is_decoupled_and_output_is_exact(whisper_base_bf16):
+@pytest.mark.parametrize("kind, clips", [("ct2-chunk", 3), ("autoregressive", 1)])
+def test_real_producer_is_decoupled_and_output_is_exact(whisper_base_bf16, kind, clips):
     from asyncspec.models.offline import ct2_model_dir
     from asyncspec.ondevice.producer import ProducerProcess, ProducerSpec
 
     spec = ProducerSpec(
+        kind=kind,
         model_dir=str(ct2_model_dir("whisper-tiny.en")),
         target_tokenizer_json=whisper_base_bf16.tokenizer.backend.to_str(),
     )
     producer = ProducerProcess(spec)
     try:
-        for clip in librivox_clips()[:3]:
+        for clip in librivox_clips()[:clips]:
             request = whisper_base_bf16.request(load_audio(clip.path))
             truth = _reference(whisper_base_bf16, request).tokens
             result = METHODS["as2d"](whisper_base_bf16, producer, request, DecodeConfig())

@@ -141,6 +141,7 @@ def test_librivox_sd_and_specasr_equal_target_only(whisper_base_bf16):
 
 
 @pytest.mark.qwen
+@pytest.mark.slow
 @requires_qwen_pair
 def test_humaneval_prompts_with_qwen_pair_equal_target_only():
     from asyncspec.benchmarks.humaneval import humaneval_prompts

@@ -17,8 +17,14 @@ def _decoding_options(parser: argparse.ArgumentParser, default_model: str | None
     parser.add_argument("--budget", type=int, default=None, help="proposals per round (sd: 7, specasr cap: 24)")
     parser.add_argument("--compare", action="store_true", help="also run target-only, check equality, print a table")
     parser.add_argument("--trace", metavar="FILE", help="save every decode's stage events as JSON")
+    parser.add_argument(
+        "--producer",
+        default="ct2-chunk",
+        choices=["ct2-chunk", "autoregressive"],
+        help="as2d: chunked CTranslate2 recogniser, or a transformers drafter over the whole window",
+    )
     parser.add_argument("--producer-model", default="whisper-tiny.en", help="as2d: the producer's recogniser")
-    parser.add_argument("--chunk-s", type=float, default=2.56, help="as2d: seconds of audio per published chunk")
+    parser.add_argument("--chunk-s", type=float, default=4.0, help="as2d: seconds of audio per published chunk")
     parser.add_argument("--dtype", default="bf16", choices=["bf16", "fp32", "fp16"])
     parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     parser.add_argument("--seed", type=int, default=0)
@@ -48,7 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     demo = commands.add_parser("demo", help="LibriVox clips: every method side by side, exactness and WER")
     _decoding_options(demo, "whisper-base", "whisper-tiny.en")
-    demo.set_defaults(method="sd,specasr", json=None)
+    demo.set_defaults(method="sd,specasr,as2d", json=None)
     demo.add_argument("--json-file", dest="json", metavar="FILE", help="write records, summary and WER as JSON")
     bench = commands.add_parser("bench", help="benchmarks that compare methods side by side in one run")
     benches = bench.add_subparsers(dest="bench", required=True)
@@ -59,6 +65,11 @@ def build_parser() -> argparse.ArgumentParser:
     methods.add_argument("--out", default="out", help="folder for the JSON and PNG")
     _decoding_options(methods, None, None)
     methods.set_defaults(method="sd,specasr", json=False)
+    ondevice = benches.add_parser("ondevice", help="target-only vs sd vs specasr vs as2d on real-speech windows")
+    ondevice.add_argument("--audio", metavar="DIR", help="audio directory (default: LibriVox clips joined to 10-25 s)")
+    ondevice.add_argument("--out", default="out", help="folder for the JSON and PNGs")
+    _decoding_options(ondevice, "whisper-base", "whisper-tiny.en")
+    ondevice.set_defaults(method="sd,specasr,as2d", json=False)
     return parser
 
 
@@ -67,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args = parser.parse_args(argv)
         return _dispatch(args)
-    except (InputError, ModelNotPreparedError, ValueError) as error:
+    except (InputError, ModelNotPreparedError) as error:
         print(f"asyncspec: error: {error}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:
@@ -89,8 +100,9 @@ def _dispatch(args: argparse.Namespace) -> int:
     handlers = {"models": models.run, "transcribe": transcribe.run, "generate": generate.run, "demo": demo.run}
     if args.command == "bench":
         from asyncspec.benchmarks import methods as methods_bench
+        from asyncspec.benchmarks import ondevice as ondevice_bench
 
-        return {"methods": methods_bench.run}[args.bench](args)
+        return {"methods": methods_bench.run, "ondevice": ondevice_bench.run}[args.bench](args)
     return handlers[args.command](args)
 
 

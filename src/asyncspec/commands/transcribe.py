@@ -54,8 +54,14 @@ def start_producer(args, target: Decoder):
     from asyncspec.models.offline import ct2_model_dir
     from asyncspec.ondevice.producer import ProducerProcess, ProducerSpec
 
+    if args.chunk_s <= 0:
+        raise InputError(f"--chunk-s must be positive, got {args.chunk_s}")
+    chunked = args.producer == "ct2-chunk"
     spec = ProducerSpec(
-        model_dir=str(ct2_model_dir(args.producer_model)),
+        kind=args.producer,
+        model_dir=str(ct2_model_dir(args.producer_model)) if chunked else "",
+        drafter=args.producer_model,
+        dtype=args.dtype,
         target_tokenizer_json=target.tokenizer.backend.to_str(),
         chunk_s=args.chunk_s,
     )

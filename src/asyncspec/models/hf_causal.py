@@ -7,6 +7,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
+from asyncspec.errors import InputError
 from asyncspec.models.base import DecodeRequest, DecoderState
 from asyncspec.models.kv_backend import KVBackend
 from asyncspec.models.tokenizer import TextTokenizer
@@ -34,7 +35,7 @@ class CausalLMBackend(KVBackend):
     def request(self, prompt: str, max_new_tokens: int = 256) -> DecodeRequest:
         ids = self.tokenizer.encode(prompt)
         if not ids:
-            raise ValueError("the prompt is empty")
+            raise InputError("the prompt is empty")
         return DecodeRequest(prompt_ids=tuple(ids), max_new_tokens=max_new_tokens)
 
     def prefill(self, request: DecodeRequest) -> DecoderState:

@@ -17,6 +17,7 @@ from transformers import (
 )
 
 from asyncspec.audio import SAMPLE_RATE
+from asyncspec.errors import InputError
 from asyncspec.models.base import DecodeRequest, DecoderState
 from asyncspec.models.kv_backend import KVBackend
 from asyncspec.models.tokenizer import TextTokenizer
@@ -65,7 +66,7 @@ class WhisperBackend(KVBackend):
         try:
             lang = token(f"<|{language}|>")
         except KeyError:
-            raise ValueError(f"{self.name} has no language {language!r}") from None
+            raise InputError(f"{self.name} has no language {language!r}") from None
         return (token("<|startoftranscript|>"), lang, token("<|transcribe|>"), token("<|notimestamps|>"))
 
     def request(self, audio: np.ndarray, language: str = "en", max_new_tokens: int | None = None) -> DecodeRequest:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 SEARCH_RADIUS = 8  # positions on each side of the expected slot
+WIDE_RADIUS = 48  # second pass: a (previous, root) pair match this far away re-finds a drifted stream
 
 
 def realign(stream: Sequence[int], expected: int, root: int, previous: int | None, radius: int = SEARCH_RADIUS) -> int:
@@ -30,7 +31,16 @@ def realign(stream: Sequence[int], expected: int, root: int, previous: int | Non
         for slot in (expected + distance, expected - distance)
         if 0 <= slot < len(stream) and stream[slot] == root
     ]
-    if not matches:
-        return expected
     with_context = [s for s in matches if previous is not None and s > 0 and stream[s - 1] == previous]
-    return (with_context or matches)[0]
+    if with_context or matches:
+        return (with_context or matches)[0]
+    return _pair_match(stream, expected, root, previous) if previous is not None else expected
+
+
+def _pair_match(stream: Sequence[int], expected: int, root: int, previous: int) -> int:
+    """Nearest slot within WIDE_RADIUS whose token is the root and whose predecessor is `previous`."""
+    for distance in range(SEARCH_RADIUS + 1, WIDE_RADIUS + 1):
+        for slot in (expected + distance, expected - distance):
+            if 0 < slot < len(stream) and stream[slot] == root and stream[slot - 1] == previous:
+                return slot
+    return expected

@@ -23,19 +23,24 @@ from asyncspec.ondevice.chunking import chunk_bounds
 
 READY_TIMEOUT_S = 120.0
 SILENT_CHUNK_PEAK = 1e-3
-TOKENS_PER_SECOND_CAP = 8  # a chunk emits at most this many tokens per second of audio (+ slack)
+# Read speech runs at ~3-4 tokens per second; a higher cap only lets tiny.en loop at chunk ends.
+TOKENS_PER_SECOND_CAP = 6
+NO_REPEAT_NGRAM = 3  # real speech rarely repeats a trigram within a few seconds; tiny.en loops do
 HISTORY_TOKENS = 48  # own previous text given to the recogniser as context
 
 
 @dataclass(frozen=True)
 class ProducerSpec:
-    kind: str = "ct2-chunk"  # the only kind so far: a recogniser over consecutive audio chunks
-    model_dir: str = ""  # CTranslate2 Whisper directory (e.g. tiny.en as it ships)
+    kind: str = "ct2-chunk"  # "ct2-chunk" (recogniser over audio chunks) or "autoregressive"
+    model_dir: str = ""  # ct2-chunk: CTranslate2 Whisper directory (e.g. tiny.en as it ships)
+    drafter: str = "whisper-tiny.en"  # autoregressive: a transformers Whisper drafter
+    dtype: str = "bf16"
+    batch_tokens: int = 8  # autoregressive: publish after every this many drafter tokens
     target_tokenizer_json: str = ""  # the target's tokenizer (JSON), for conversion into its vocabulary
-    chunk_s: float = 2.56
+    chunk_s: float = 4.0  # measured here: 2.56 s chunks cut too many words for tiny.en
     compute_type: str = "int8"
     threads: int = 1
-    use_history: bool = True
+    use_history: bool = False  # tiny.en with its own previous text as prompt loops or goes silent (measured)
 
 
 class ChunkedWhisperSource:
@@ -88,13 +93,93 @@ class ChunkedWhisperSource:
         mel = self.features(chunk, sampling_rate=SAMPLE_RATE, padding="longest", return_tensors="np").input_features
         mel = mel[..., : mel.shape[-1] - mel.shape[-1] % 2]  # the encoder's stride-2 convolution
         prompt = ([self.previous, *history] if self.spec.use_history and history else []) + self.prompt
-        cap = int(len(chunk) / SAMPLE_RATE * TOKENS_PER_SECOND_CAP) + 8  # short chunks can loop
+        cap = int(len(chunk) / SAMPLE_RATE * TOKENS_PER_SECOND_CAP) + 6  # short chunks can loop
         features = self.ctranslate2.StorageView.from_array(np.ascontiguousarray(mel, dtype=np.float32))
-        result = self.model.generate(features, [prompt], beam_size=1, max_length=cap)[0]
+        result = self.model.generate(
+            features, [prompt], beam_size=1, max_length=cap, no_repeat_ngram_size=NO_REPEAT_NGRAM
+        )[0]
         return list(result.sequences_ids[0])
 
 
-SOURCES = {"ct2-chunk": ChunkedWhisperSource}
+class AutoregressiveWhisperSource:
+    """A transformers Whisper drafter decoding the whole window from the audio and its own prefix,
+    publishing every `batch_tokens` tokens the complete words it has so far (a word still being
+    spelled could change its conversion), with each target token's drafter confidence."""
+
+    name = "autoregressive"
+
+    def __init__(self, spec: ProducerSpec):
+        import tokenizers
+        import torch
+
+        from asyncspec.models.registry import load_decoder
+        from asyncspec.models.tokenizer import TextTokenizer
+
+        torch.set_num_threads(spec.threads)
+        self.spec = spec
+        self.drafter = load_decoder(spec.drafter, spec.dtype)
+        self.target = TextTokenizer(tokenizers.Tokenizer.from_str(spec.target_tokenizer_json))
+
+    def run(self, request_id: int, audio: np.ndarray, publish: Callable, should_stop: Callable[[], bool]) -> None:
+        import torch
+
+        began = time.perf_counter()
+        request = self.drafter.request(audio)
+        state = self.drafter.prefill(request)
+        ids, confidences, published = [], [], _Published(request_id, self.name)
+        logits = state.next_logits
+        while len(ids) < request.max_new_tokens and not should_stop():
+            token = self.drafter.greedy(logits)[0]
+            if token in self.drafter.eos_ids:
+                break
+            ids.append(token)
+            confidences.append(float(torch.softmax(logits, dim=-1)[token]))
+            if len(ids) % self.spec.batch_tokens == 0:
+                began = published.flush(self, ids, confidences, began, publish, final=False)
+            if state.length + 1 > self.drafter.max_length:
+                break
+            logits = self.drafter.extend(state, [token])[-1]
+        published.flush(self, ids, confidences, began, publish, final=True)
+
+
+class _Published:
+    """What an autoregressive source has published so far: characters of its text and tokens."""
+
+    def __init__(self, request_id: int, source: str):
+        self.request_id, self.source, self.chars, self.offset = request_id, source, 0, 0
+
+    def flush(self, owner, ids, confidences, began, publish, final: bool) -> float:
+        text = owner.drafter.tokenizer.decode(ids)
+        cut = len(text) if final else text.rfind(" ")  # up to the start of the word still open
+        if cut <= self.chars:
+            return began
+        segment = text[self.chars : cut]
+        tokens, token_confidences = _converted(owner, segment, self.chars, ids, confidences)
+        publish(
+            PublishedBatch(
+                self.request_id, self.source, self.offset, tokens, token_confidences, began, time.perf_counter()
+            )
+        )
+        self.chars, self.offset = cut, self.offset + len(tokens)
+        return time.perf_counter()
+
+
+def _converted(owner, segment: str, start: int, ids: list[int], confidences: list[float]):
+    """Target tokens of a text segment, each with the lowest confidence of the drafter tokens it overlaps."""
+    ends, text = [], ""
+    for i in range(len(ids)):
+        text = owner.drafter.tokenizer.decode(ids[: i + 1])
+        ends.append(len(text))
+    encoding = owner.target.backend.encode(segment, add_special_tokens=False)
+    out = []
+    for a, b in encoding.offsets:
+        lo, hi = start + a, start + max(b, a + 1)
+        spans = [c for c, end, prev in zip(confidences, ends, [0, *ends[:-1]], strict=True) if prev < hi and end > lo]
+        out.append(min(spans) if spans else 1.0)
+    return tuple(encoding.ids), tuple(out)
+
+
+SOURCES = {"ct2-chunk": ChunkedWhisperSource, "autoregressive": AutoregressiveWhisperSource}
 
 
 def worker_main(spec: ProducerSpec, commands: Connection, batches: Connection) -> None:

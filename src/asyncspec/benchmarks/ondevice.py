@@ -1,0 +1,227 @@
+"""`asyncspec bench ondevice`: target-only, sd (mean over budgets 5-8, as in the paper), specasr
+and as2d on the same real-speech windows, interleaved per window so the methods share machine
+drift. Prints per-dataset and pooled tables, writes JSON and PNG plots (TPS CDF, a timeline)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from statistics import mean
+from typing import Any
+
+import numpy as np
+
+from asyncspec.audio import SAMPLE_RATE, WINDOW_SECONDS, load_audio, split_windows
+from asyncspec.commands.compare import comparison_records
+from asyncspec.commands.report import progress
+from asyncspec.commands.transcribe import decode_config, load_models
+from asyncspec.datasets import librivox_clips
+from asyncspec.decoding.methods import METHODS
+from asyncspec.decoding.result import DecodeConfig
+from asyncspec.errors import InputError
+from asyncspec.models.hf_whisper import WhisperBackend
+
+METHOD_ORDER = ["target", "sd", "specasr", "as2d"]
+SD_BUDGETS = (5, 6, 7, 8)
+SERIAL = ("sd", "specasr")
+
+
+def librivox_windows() -> list[tuple[str, str, np.ndarray]]:
+    """(dataset, name, samples): the five clips joined into longer windows of 10-25 s, in several
+    orders, so each window is real continuous speech of a length where drafting start-up matters less."""
+    clips = [load_audio(clip.path) for clip in librivox_clips()]
+    groups = {
+        "librivox-25s": [(0, 1, 2, 3, 4), (2, 3, 4, 0, 1), (4, 0, 1, 2, 3)],
+        "librivox-15s": [(0, 1, 2), (2, 3, 4), (1, 3, 4), (0, 3, 4)],
+        "librivox-10s": [(0, 1), (3, 4, 1), (2, 3)],
+    }
+    return [
+        (dataset, "+".join(str(i) for i in order), np.concatenate([clips[i] for i in order]))
+        for dataset, orders in groups.items()
+        for order in orders
+    ]
+
+
+def directory_windows(directory: str) -> list[tuple[str, str, np.ndarray]]:
+    root = Path(directory)
+    files = sorted(p for p in root.rglob("*") if p.suffix.lower() in {".wav", ".flac", ".ogg", ".mp3"})
+    if not files:
+        raise InputError(f"{directory}: no audio files (wav, flac, ogg, mp3)")
+    return [
+        (root.name, f"{path.name}#{w.index}", w.samples)
+        for path in files
+        for w in split_windows(load_audio(path), WINDOW_SECONDS)
+    ]
+
+
+def run_window(target, drafters, samples, methods, config: DecodeConfig) -> list[dict[str, Any]]:
+    request = target.request(samples)
+    results = []
+    for method in methods:
+        if method == "sd":  # the paper's SD figure: mean TPS over fixed budgets 5..8
+            runs = [METHODS["sd"](target, drafters["sd"], request, DecodeConfig(budget=b)) for b in SD_BUDGETS]
+            best = runs[len(runs) // 2]
+            best.stats.decode_s = len(best.tokens) / mean(r.tps for r in runs) if best.tokens else best.stats.decode_s
+            best.stats.extra = {
+                "sd_budget_tps": {b: round(r.tps, 2) for b, r in zip(SD_BUDGETS, runs, strict=True)},
+                "sd_all_equal": len({tuple(r.tokens) for r in runs}) == 1,
+            }
+            results.append(best)
+        else:
+            results.append(METHODS[method](target, drafters.get(method), request, config))
+    return comparison_records(results, target)
+
+
+def run(args) -> int:
+    methods = [m for m in METHOD_ORDER if m in args.methods or m == "target"]
+    config = decode_config(args)
+    windows = directory_windows(args.audio) if args.audio else librivox_windows()
+    records = []
+    with load_models(args, WhisperBackend, "speech") as (target, drafters):
+        for dataset, name, samples in progress(windows, len(windows), "bench ondevice"):
+            for record in run_window(target, drafters, samples, methods, config):
+                record.update(dataset=dataset, window=name, seconds=round(len(samples) / SAMPLE_RATE, 2))
+                records.append(record)
+    report = build_report(records, methods, args)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "bench_ondevice.json").write_text(json.dumps(report, indent=1))  # saved before anything can fail
+    print_report(report)
+    plot_cdf(records, methods, out / "bench_ondevice_cdf.png")
+    plot_timeline(records, out / "bench_ondevice_timeline.png")
+    print(f"wrote {out / 'bench_ondevice.json'}, bench_ondevice_cdf.png, bench_ondevice_timeline.png")
+    return 0
+
+
+def _pooled(records: list[dict]) -> float:
+    seconds = sum(r["decode_s"] for r in records)
+    return sum(r["n_tokens"] for r in records) / seconds if seconds else 0.0
+
+
+def method_figures(records: list[dict], methods: list[str]) -> dict[str, dict[str, Any]]:
+    by_method = {m: [r for r in records if r["method"] == m] for m in methods}
+    target_tps = {r["window"]: r["tps"] for r in by_method["target"]}
+    pooled = {m: _pooled(rs) for m, rs in by_method.items()}
+    serial_best = max((pooled[m] for m in SERIAL if m in pooled), default=0.0)
+    figures = {}
+    for method, rows in by_method.items():
+        figures[method] = {
+            "windows": len(rows),
+            "pooled_tps": round(pooled[method], 3),
+            "ratio_to_target": round(pooled[method] / pooled["target"], 3) if pooled["target"] else None,
+            "ratio_to_best_serial": round(pooled[method] / serial_best, 3) if serial_best else None,
+            "slower_than_target_fraction": round(sum(r["tps"] < target_tps[r["window"]] for r in rows) / len(rows), 3)
+            if rows
+            else None,
+            "equal_windows": sum(bool(r["equal_to_target"]) for r in rows),
+            "tokens": sum(r["n_tokens"] for r in rows),
+        }
+    return figures
+
+
+def build_report(records: list[dict], methods: list[str], args) -> dict[str, Any]:
+    datasets = sorted({r["dataset"] for r in records})
+    as2d_rows = [r for r in records if r["method"] == "as2d"]
+    return {
+        "model": args.model,
+        "drafter": args.drafter,
+        "producer": args.producer,
+        "producer_model": args.producer_model,
+        "dtype": args.dtype,
+        "as2d_budget": args.budget,
+        "chunk_s": args.chunk_s,
+        "cores": os.cpu_count(),
+        "load_average": os.getloadavg(),
+        "methods": method_figures(records, methods),
+        "datasets": {d: method_figures([r for r in records if r["dataset"] == d], methods) for d in datasets},
+        "as2d_accounting": _sum_accounting(as2d_rows),
+        "records": records,
+    }
+
+
+def _sum_accounting(rows: list[dict]) -> dict[str, float]:
+    keys = ("total_s", "producer_s", "verifier_s", "overlap_s", "residual_s")
+    totals = {k: round(sum(r["accounting"][k] for r in rows), 4) for k in keys} if rows else {}
+    if rows:
+        widths = [w for r in rows for w in r["call_widths"]]
+        totals.update(
+            k1_share=round(widths.count(1) / len(widths), 3),
+            coverage=round(sum(r["accepted"] for r in rows) / sum(r["n_tokens"] for r in rows), 3),
+            published=sum(r["published"] for r in rows),
+            used=sum(r["used"] for r in rows),
+            accepted=sum(r["accepted"] for r in rows),
+        )
+    return totals
+
+
+def print_report(report: dict[str, Any]) -> None:
+    header = f"{'dataset':14s} {'method':8s} {'win':>4s} {'equal':>5s} {'TPS':>7s} "
+    header += f"{'x target':>8s} {'x serial':>8s} {'slower':>7s}"
+    print(header)
+    print("-" * len(header))
+    for dataset, figures in [*report["datasets"].items(), ("pooled", report["methods"])]:
+        for method, f in figures.items():
+            print(
+                f"{dataset:14s} {method:8s} {f['windows']:4d} {f['equal_windows']:5d} {f['pooled_tps']:7.2f} "
+                f"{f['ratio_to_target'] or 0:8.2f} {f['ratio_to_best_serial'] or 0:8.2f} "
+                f"{(f['slower_than_target_fraction'] or 0) * 100:6.1f}%"
+            )
+    if report["as2d_accounting"]:
+        a = report["as2d_accounting"]
+        print(
+            f"as2d stages (summed): T {a['total_s']:.2f} s = D {a['producer_s']:.2f} + V {a['verifier_s']:.2f} "
+            f"- O {a['overlap_s']:.2f} + H {a['residual_s']:.2f}; K=1 calls {a['k1_share'] * 100:.0f}%, "
+            f"coverage {a['coverage'] * 100:.0f}%, candidates published {a['published']}, used {a['used']}, "
+            f"accepted {a['accepted']}"
+        )
+    print(f"machine: {report['cores']} cores, load average {report['load_average'][0]:.2f}")
+
+
+def plot_cdf(records: list[dict], methods: list[str], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axis = plt.subplots(figsize=(7, 4))
+    for method in methods:
+        tps = sorted(r["tps"] for r in records if r["method"] == method)
+        axis.step(tps, np.arange(1, len(tps) + 1) / len(tps), where="post", label=method)
+    axis.set_xlabel("tokens / s per window (after prefill)")
+    axis.set_ylabel("fraction of windows")
+    axis.set_title("per-window throughput (farther right is faster)")
+    axis.legend()
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+
+
+def plot_timeline(records: list[dict], path: Path) -> None:
+    """The longest As²d window: producer work (chunks) and target calls on one time axis."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in records if r["method"] == "as2d"]
+    if not rows:
+        return
+    record = max(rows, key=lambda r: r["seconds"])
+    figure, axis = plt.subplots(figsize=(10, 2.8))
+    producer = [(a, b - a) for a, b in record["producer_intervals"]]
+    calls = list(zip(record["call_intervals"], record["call_widths"], strict=True))
+    wide = [(a, b - a) for (a, b), width in calls if width > 1]
+    single = [(a, b - a) for (a, b), width in calls if width == 1]
+    edges = {"edgecolor": "white", "linewidth": 0.4}
+    axis.broken_barh(producer, (1.1, 0.8), color="#e07b39", label="producer: a chunk recognised + published", **edges)
+    axis.broken_barh(wide, (0.1, 0.8), color="#1f5fa8", label="target: verify ready candidates (K > 1)", **edges)
+    axis.broken_barh(single, (0.1, 0.8), color="#9cc3ea", label="target: one-token step (K = 1)", **edges)
+    axis.axvline(record["decode_s"], color="#333", linestyle="--", linewidth=1)
+    axis.set_yticks([0.5, 1.5], ["target", "producer"])
+    axis.set_xlabel("seconds after prefill")
+    axis.set_title(f"As²d on window {record['window']} ({record['seconds']} s audio, {record['n_tokens']} tokens)")
+    axis.legend(loc="upper right", fontsize=8)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
