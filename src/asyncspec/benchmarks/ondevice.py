@@ -19,6 +19,7 @@ from asyncspec.commands.transcribe import decode_config, load_models
 from asyncspec.datasets import librivox_clips
 from asyncspec.decoding.methods import METHODS
 from asyncspec.decoding.result import DecodeConfig
+from asyncspec.devset import synthesize_dev_set
 from asyncspec.errors import InputError
 from asyncspec.models.hf_whisper import WhisperBackend
 
@@ -76,7 +77,11 @@ def run_window(target, drafters, samples, methods, config: DecodeConfig) -> list
 def run(args) -> int:
     methods = [m for m in METHOD_ORDER if m in args.methods or m == "target"]
     config = decode_config(args)
-    windows = directory_windows(args.audio) if args.audio else librivox_windows()
+    if args.dev:
+        synthesize_dev_set(Path(args.out) / "dev")
+        windows = directory_windows(str(Path(args.out) / "dev"))
+    else:
+        windows = directory_windows(args.audio) if args.audio else librivox_windows()
     records = []
     with load_models(args, WhisperBackend, "speech") as (target, drafters):
         for dataset, name, samples in progress(windows, len(windows), "bench ondevice"):
