@@ -111,3 +111,24 @@ def test_compare_checks_equality_and_saves_traces(tmp_path, capsys):
     events = Trace.load(trace_file).events
     assert {"prefill", "draft", "verify"} <= {e.stage for e in events}
     assert all(a.end <= b.start + 1e-9 for a, b in zip(events, events[1:], strict=False))  # serial, monotonic
+
+
+@pytest.mark.real
+def test_bench_ondevice_writes_json_and_plots(tmp_path, capsys):
+    import shutil
+
+    audio = tmp_path / "audio"
+    audio.mkdir()
+    shutil.copy(librivox_clips()[4].path, audio / "clip.wav")
+    out = tmp_path / "out"
+    assert main(["bench", "ondevice", "--audio", str(audio), "--out", str(out)]) == 0
+    report = json.loads((out / "bench_ondevice.json").read_text())
+    for method in ("target", "sd", "specasr", "as2d"):
+        figures = report["methods"][method]
+        assert {"pooled_tps", "ratio_to_target", "slower_than_target_fraction", "equal_windows", "windows"} <= set(
+            figures
+        )
+        assert figures["windows"] == 1 and figures["equal_windows"] == 1
+    assert (out / "bench_ondevice_cdf.png").stat().st_size > 10_000
+    assert (out / "bench_ondevice_timeline.png").stat().st_size > 10_000
+    assert "pooled" in capsys.readouterr().out
