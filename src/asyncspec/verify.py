@@ -19,9 +19,6 @@ class Verdict:
     accepted: int  # leading candidates the target agrees with
     next_token: int  # the recovered token (rejection) or the bonus token (all accepted)
 
-    def is_bonus(self, n_candidates: int) -> bool:
-        return self.accepted == n_candidates
-
 
 def greedy_verify(
     target_choices: Sequence[int],  # [n + 1] the target's greedy token after root, c1, ..., cn

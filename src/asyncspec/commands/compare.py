@@ -16,7 +16,6 @@ from asyncspec.models.base import Decoder, DecodeRequest
 
 REFERENCE = "target"
 NEEDS_DRAFTER = {"sd", "specasr"}
-NEEDS_PRODUCER = {"as2d"}
 
 
 def methods_to_run(methods: list[str], compare: bool) -> list[str]:

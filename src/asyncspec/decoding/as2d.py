@@ -80,6 +80,7 @@ def _as2d_figures(trace: Trace, buffer: CandidateBuffer, stats: DecodeStats, n_t
     return {
         "accounting": account(producer, verifier, start, end).as_dict(),
         "published": len(buffer.tokens),
+        "stale_batches_dropped": buffer.stale_dropped,
         "used": stats.drafted,
         "coverage": stats.accepted / n_tokens if n_tokens else 0.0,
         "k1_share": stats.call_widths.count(1) / len(stats.call_widths) if stats.call_widths else 0.0,

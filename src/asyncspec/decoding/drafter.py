@@ -31,7 +31,6 @@ class Proposal:
 @dataclass
 class DrafterCounters:
     calls: int = 0  # drafter forward calls after its prefill
-    sync_tokens: int = 0  # tokens re-fed to catch up with the committed prefix
     convert_s: float = 0.0  # time spent converting between vocabularies
     recycled: int = 0  # candidates reused from an earlier draft (SpecASR recycling)
 
@@ -127,7 +126,6 @@ class PrefixDrafter:
             self.drafter.rollback(self.state, keep)
         self.drafter.extend(self.state, full[keep:])
         self.counters.calls += 1
-        self.counters.sync_tokens += len(full) - keep
 
     @contextmanager
     def _converting(self) -> Iterator[None]:

@@ -7,7 +7,6 @@ aliases. Strings are u16 length + bytes, NUL-padded.
 
 from __future__ import annotations
 
-import json
 import re
 import struct
 from pathlib import Path
@@ -162,8 +161,3 @@ def whisper_config_dict(variables: dict[str, np.ndarray], ct2_config: dict) -> d
 def _count_layers(variables: dict[str, np.ndarray], side: str) -> int:
     pattern = re.compile(rf"^{side}/layer_(\d+)/")
     return 1 + max(int(m.group(1)) for name in variables if (m := pattern.match(name)))
-
-
-def load_ct2_config(model_dir: Path) -> dict:
-    path = model_dir / "config.json"
-    return json.loads(path.read_text()) if path.exists() else {}

@@ -276,6 +276,12 @@ def verify(name: str) -> list[str]:
     ]
     if manifest.get("source_sha256") != REGISTRY[name].sha256:
         problems.append(f"{name}: prepared from a different source file")
+    if REGISTRY[name].known_ids and (directory / "tokenizer.json").is_file():
+        from asyncspec.models.tokenizer import TextTokenizer, tokenizer_problems
+
+        tokenizer = TextTokenizer.from_file(directory / "tokenizer.json")
+        known = {text: list(ids) for text, ids in REGISTRY[name].known_ids}
+        problems += [f"{name}: tokenizer: {problem}" for problem in tokenizer_problems(tokenizer, known)]
     return problems
 
 
