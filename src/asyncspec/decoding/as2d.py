@@ -14,6 +14,7 @@ from typing import Protocol
 import numpy as np
 
 from asyncspec.decoding.result import DecodeConfig, DecodeResult, DecodeStats, commit_token, output_limit
+from asyncspec.decoding.speculative import verify_candidates
 from asyncspec.errors import InputError
 from asyncspec.models.base import Decoder, DecodeRequest
 from asyncspec.ondevice.accounting import account
@@ -53,13 +54,15 @@ def decode_as2d(
             cursor = realign(buffer.tokens, cursor, root, committed[-2] if len(committed) > 1 else None)
             room = min(budget, limit - len(committed), target.max_length - state.length - 1)
             candidates = buffer.ready(cursor + 1, room, CONFIDENCE_THRESHOLD)
-        with trace.stage("verify", width=len(candidates) + 1):
-            logits = target.extend(state, [root, *candidates])
-        stats.target_calls += 1
-        stats.call_widths.append(len(candidates) + 1)
-        verdict = greedy_verify(target.greedy(logits), candidates)
-        if verdict.accepted < len(candidates):
-            target.rollback(state, state.length - (len(candidates) - verdict.accepted))
+        verdict = verify_candidates(
+            target,
+            state,
+            root,
+            candidates,
+            trace,
+            stats,
+            lambda logits, candidates=candidates: greedy_verify(target.greedy(logits), candidates),
+        )
         if candidates:
             stats.observe_round(len(candidates), verdict.accepted)
         cursor += verdict.accepted + 1

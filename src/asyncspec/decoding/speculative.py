@@ -7,11 +7,14 @@ keeps the KV of the accepted ones only, and its own next token becomes the next 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Protocol
+
+import torch
 
 from asyncspec.decoding.drafter import DrafterCounters, Proposal
 from asyncspec.decoding.result import DecodeConfig, DecodeResult, DecodeStats, commit_token, output_limit
-from asyncspec.models.base import Decoder, DecodeRequest
+from asyncspec.models.base import Decoder, DecodeRequest, DecoderState
 from asyncspec.sampling import make_generator, next_token
 from asyncspec.trace import Trace
 from asyncspec.verify import Verdict, greedy_verify, probabilities, speculative_accept
@@ -43,13 +46,17 @@ def speculative_decode(
         with trace.stage("draft"):
             proposal = source.get_candidates(committed, room)
         candidates = proposal.tokens[:room]
-        with trace.stage("verify", width=len(candidates) + 1):
-            logits = target.extend(state, [root, *candidates])
-        stats.target_calls += 1
-        stats.call_widths.append(len(candidates) + 1)
-        verdict = _verify(target, logits, proposal, candidates, config, generator)
-        if verdict.accepted < len(candidates):
-            target.rollback(state, state.length - (len(candidates) - verdict.accepted))
+        verdict = verify_candidates(
+            target,
+            state,
+            root,
+            candidates,
+            trace,
+            stats,
+            lambda logits, proposal=proposal, candidates=candidates: _verify(
+                target, logits, proposal, candidates, config, generator
+            ),
+        )
         stats.observe_round(len(candidates), verdict.accepted)
         source.update(proposal, verdict)
         if not all(commit_token(t, committed, target.eos_ids, limit, stats) for t in candidates[: verdict.accepted]):
@@ -61,6 +68,27 @@ def speculative_decode(
     stats.convert_s = source.counters.convert_s
     stats.recycled = source.counters.recycled
     return DecodeResult(method, committed, stats, trace)
+
+
+def verify_candidates(
+    target: Decoder,
+    state: DecoderState,
+    root: int,
+    candidates: list[int],
+    trace: Trace,
+    stats: DecodeStats,
+    decide: Callable[[torch.Tensor], Verdict],
+) -> Verdict:
+    """One target call of width K = 1 + len(candidates) on the committed prefix; the KV of the
+    rejected candidates is removed before returning, so only accepted tokens (and the root) stay."""
+    with trace.stage("verify", width=len(candidates) + 1):
+        logits = target.extend(state, [root, *candidates])
+    stats.target_calls += 1
+    stats.call_widths.append(len(candidates) + 1)
+    verdict = decide(logits)
+    if verdict.accepted < len(candidates):
+        target.rollback(state, state.length - (len(candidates) - verdict.accepted))
+    return verdict
 
 
 def _verify(target, logits, proposal, candidates, config, generator) -> Verdict:
