@@ -19,12 +19,15 @@ def _decoding_options(parser: argparse.ArgumentParser, default_model: str | None
     parser.add_argument("--trace", metavar="FILE", help="save every decode's stage events as JSON")
     parser.add_argument(
         "--producer",
-        default="ct2-chunk",
+        default=None,
         choices=["ct2-chunk", "autoregressive"],
-        help="as2d: chunked CTranslate2 recogniser, or a transformers drafter over the whole window",
+        help="as2d: chunked CTranslate2 recogniser, or a transformers drafter over the whole window "
+        "(default: the deployed configuration from select-budget, else ct2-chunk)",
     )
     parser.add_argument("--producer-model", default="whisper-tiny.en", help="as2d: the producer's recogniser")
-    parser.add_argument("--chunk-s", type=float, default=4.0, help="as2d: seconds of audio per published chunk")
+    parser.add_argument(
+        "--chunk-s", type=float, default=None, help="as2d: seconds of audio per chunk (default: deployed, else 4)"
+    )
     parser.add_argument("--dtype", default="bf16", choices=["bf16", "fp32", "fp16"])
     parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     parser.add_argument("--seed", type=int, default=0)
@@ -71,6 +74,10 @@ def build_parser() -> argparse.ArgumentParser:
     ondevice.add_argument("--out", default="out", help="folder for the JSON and PNGs")
     _decoding_options(ondevice, "whisper-base", "whisper-tiny.en")
     ondevice.set_defaults(method="sd,specasr,as2d", json=False)
+    from asyncspec.commands import profile, replay, select_budget
+
+    for command in (profile, replay, select_budget):
+        command.add_arguments(commands)
     return parser
 
 
@@ -97,8 +104,22 @@ def _dispatch(args: argparse.Namespace) -> int:
 
     if hasattr(args, "method"):
         args.methods = parse_methods(args.method)
+    if hasattr(args, "chunk_s"):  # the decoding commands' As²d options
+        from asyncspec.profiling.deployed import apply_deployed
 
-    handlers = {"models": models.run, "transcribe": transcribe.run, "generate": generate.run, "demo": demo.run}
+        apply_deployed(args)
+
+    from asyncspec.commands import profile, replay, select_budget
+
+    handlers = {
+        "models": models.run,
+        "transcribe": transcribe.run,
+        "generate": generate.run,
+        "demo": demo.run,
+        "profile": profile.run,
+        "replay": replay.run,
+        "select-budget": select_budget.run,
+    }
     if args.command == "bench":
         from asyncspec.benchmarks import methods as methods_bench
         from asyncspec.benchmarks import ondevice as ondevice_bench
