@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from asyncspec.errors import InputError, ModelNotPreparedError
+from asyncspec.profiling.deployed import CATALOG
 
 EXIT_BAD_INPUT = 2
 
@@ -72,6 +73,9 @@ def build_parser() -> argparse.ArgumentParser:
     ondevice.add_argument("--audio", metavar="DIR", help="audio directory (default: LibriVox clips joined to 10-25 s)")
     ondevice.add_argument("--dev", action="store_true", help="use the espeak-ng development set (synthesised)")
     ondevice.add_argument("--out", default="out", help="folder for the JSON and PNGs")
+    ondevice.add_argument("--oracle", action="store_true", help="deployed configuration vs per-window oracle")
+    ondevice.add_argument("--profile", help="--oracle: cost profile JSON (default: the one select-budget used)")
+    ondevice.add_argument("--catalog", default=CATALOG, help="--oracle: producers the oracle may pick from")
     _decoding_options(ondevice, "whisper-base", "whisper-tiny.en")
     ondevice.set_defaults(method="sd,specasr,as2d", json=False)
     from asyncspec.commands import profile, replay, select_budget

@@ -11,11 +11,9 @@ from asyncspec.commands.profile import measure_profile, profile_settings
 from asyncspec.decoding.as2d import DEFAULT_BUDGET
 from asyncspec.errors import InputError
 from asyncspec.profiling.costs import CostProfile
-from asyncspec.profiling.deployed import DeployedConfig, ProducerChoice, config_path, save_deployed
+from asyncspec.profiling.deployed import CATALOG, DeployedConfig, config_path, parse_catalog, save_deployed
 from asyncspec.profiling.selection import BUDGETS, Catalog, rank, replay_catalog
 from asyncspec.profiling.trajectory import save_trajectories
-
-CATALOG = "ct2-chunk@4s,ct2-chunk@6s,autoregressive"
 
 
 def add_arguments(commands) -> None:
@@ -40,9 +38,9 @@ def run(args) -> int:
     from asyncspec.profiling.collect import collect, producers
 
     out = Path(args.out)
-    choices = [ProducerChoice.parse(name.strip()) for name in args.producers.split(",") if name.strip()]
-    if not choices or not 1 <= args.max_budget <= max(BUDGETS):
-        raise InputError(f"need at least one producer and --max-budget in 1..{max(BUDGETS)}")
+    choices = parse_catalog(args.producers)
+    if not 1 <= args.max_budget <= max(BUDGETS):
+        raise InputError(f"--max-budget must be in 1..{max(BUDGETS)}")
     profile_path = args.profile or str(out / "profile.json")
     profile = CostProfile.load(args.profile) if args.profile else _measure(args, out, profile_path)
     if max(profile.widths) < args.max_budget + 1:

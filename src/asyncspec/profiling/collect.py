@@ -49,10 +49,17 @@ def collect(target: Decoder, workers: dict, windows: list[Window], budget: int, 
         collection.native.setdefault("target", []).append(reference)
         for producer, worker in workers.items():
             result = METHODS["as2d"](target, worker, request, DecodeConfig(budget=budget))
-            collection.native.setdefault(f"as2d:{producer}", []).append(result)
-            if result.tokens != reference.tokens:
-                collection.mismatches.append(f"{name} {producer}")
-                continue
-            trajectory.add_native(f"as2d:{producer}", result, budget)
+            add_producer_run(collection, trajectory, producer, result, budget)
         collection.trajectories.append(trajectory)
     return collection
+
+
+def add_producer_run(
+    collection: Collection, trajectory: WindowTrajectory, producer: str, result: DecodeResult, budget: int
+) -> None:
+    """Keep an As²d run's publications for replay, unless its output differs from target-only."""
+    collection.native.setdefault(f"as2d:{producer}", []).append(result)
+    if result.tokens != trajectory.tokens:
+        collection.mismatches.append(f"{trajectory.window} {producer}")
+        return
+    trajectory.add_native(f"as2d:{producer}", result, budget)

@@ -15,6 +15,7 @@ from asyncspec.errors import InputError
 
 CONFIG_ENV = "ASYNCSPEC_CONFIG"
 DEFAULT_PRODUCER = "ct2-chunk@4s"
+CATALOG = "ct2-chunk@4s,ct2-chunk@6s,autoregressive"  # producers searched by select-budget and the oracle
 
 
 @dataclass(frozen=True)
@@ -37,6 +38,13 @@ class ProducerChoice:
             return cls(kind, float(chunk.removesuffix("s")) if chunk else 4.0)
         except ValueError as error:
             raise InputError(f"bad chunk length in producer {name!r}") from error
+
+
+def parse_catalog(text: str) -> list[ProducerChoice]:
+    choices = [ProducerChoice.parse(name.strip()) for name in text.split(",") if name.strip()]
+    if not choices:
+        raise InputError("the producer catalog is empty")
+    return choices
 
 
 @dataclass
