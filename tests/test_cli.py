@@ -134,6 +134,7 @@ def test_bench_ondevice_writes_json_and_plots(tmp_path, capsys):
     report = json.loads((out / "bench_ondevice.json").read_text())
     assert 0 < report["oracle"]["deployed_ratio"] <= 1 and report["oracle"]["pooled_tps"] > 0
     assert report["oracle"]["windows"] == 1
+    assert (out / "bench_ondevice_oracle.png").stat().st_size > 10_000
     for method in ("target", "sd", "specasr", "as2d"):
         figures = report["methods"][method]
         assert {"pooled_tps", "ratio_to_target", "slower_than_target_fraction", "equal_windows", "windows"} <= set(

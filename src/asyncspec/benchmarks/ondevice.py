@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from asyncspec.audio import SAMPLE_RATE, WINDOW_SECONDS, load_audio, split_windows
-from asyncspec.benchmarks.oracle import Headroom
+from asyncspec.benchmarks.oracle import Headroom, plot_headroom
 from asyncspec.commands.compare import comparison_records
 from asyncspec.commands.report import progress
 from asyncspec.commands.transcribe import decode_config, load_models
@@ -109,6 +109,8 @@ def run(args) -> int:
     print_report(report)
     plot_cdf(records, methods, out / "bench_ondevice_cdf.png")
     plot_timeline(records, out / "bench_ondevice_timeline.png")
+    if report["oracle"]:
+        plot_headroom(report["oracle"], out / "bench_ondevice_oracle.png")
     print(f"wrote {out / 'bench_ondevice.json'}, bench_ondevice_cdf.png, bench_ondevice_timeline.png")
     return 0
 

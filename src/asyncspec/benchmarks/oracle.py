@@ -65,6 +65,8 @@ class Headroom:
         request = self.target.request(samples)
         reference = next(r for r in results if r.method == "target")
         trajectory = reference_trajectory(name, dataset, samples, self.target, reference, request)
+        for serial in (r for r in results if r.method in ("sd", "specasr") and r.tokens == reference.tokens):
+            trajectory.add_native(serial.method, serial)  # re-priced by `asyncspec replay`
         own = next(r for r in results if r.method == "as2d")
         add_producer_run(self.collection, trajectory, self.own, own, self.budget)
         for producer, worker in self.workers.items():
@@ -89,3 +91,29 @@ class Headroom:
             mismatches=self.collection.mismatches,
         )
         return report
+
+
+def plot_headroom(report: dict[str, Any], path: Path) -> None:
+    """Per test window: the per-window oracle's replay TPS against the deployed configuration's."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = report["per_window"]
+    x = range(len(rows))
+    figure, axis = plt.subplots(figsize=(max(6, 0.6 * len(rows) + 2), 4))
+    axis.bar([i - 0.2 for i in x], [r["oracle_tps"] for r in rows], 0.4, label="per-window oracle", color="#888")
+    axis.bar([i + 0.2 for i in x], [r["deployed_tps"] for r in rows], 0.4, label="deployed (fixed)", color="#1f5fa8")
+    axis.set_xticks(list(x), [r["window"] for r in rows], rotation=45, ha="right", fontsize=8)
+    deployed = report["deployed"]
+    axis.set(
+        ylabel="replay tok/s",
+        title=f"Deployed {deployed['producer']} budget {deployed['budget']}: "
+        f"{100 * report['deployed_ratio']:.1f}% of the oracle's pooled TPS",
+    )
+    axis.legend()
+    axis.grid(alpha=0.3, axis="y")
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
