@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from asyncspec.commands import link as link_command
 from asyncspec.errors import InputError, ModelNotPreparedError
 
 EXIT_BAD_INPUT = 2
@@ -71,6 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
     ondevice.add_argument("--out", default="out", help="folder for the JSON and PNGs")
     _decoding_options(ondevice, "whisper-base", "whisper-tiny.en")
     ondevice.set_defaults(method="sd,specasr,as2d", json=False)
+    link_command.add_parser(commands)
     return parser
 
 
@@ -88,6 +90,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _dispatch(args: argparse.Namespace) -> int:
+    if args.command == "link":  # before the imports below: the link proxy needs no torch
+        return link_command.run(args)
     if getattr(args, "threads", None):
         import torch
 
