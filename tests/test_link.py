@@ -3,8 +3,16 @@ teardown from either side, and clear errors on bad profiles."""
 
 from __future__ import annotations
 
+import contextlib
+import json
+import os
+import shlex
+import shutil
+import signal
 import socket
 import statistics
+import subprocess
+import sys
 import threading
 import time
 
@@ -13,6 +21,7 @@ import zmq
 
 from asyncspec.cli import EXIT_BAD_INPUT, main
 from asyncspec.cloudedge.link import LinkThread
+from asyncspec.cloudedge.link_kernel import KernelShaper, kernel_shaping_available
 from asyncspec.cloudedge.link_profiles import DEFAULT_LINK_SCALE, LinkProfile, resolve_profile
 from asyncspec.errors import InputError
 
@@ -61,36 +70,95 @@ def receive_exactly(sock: socket.socket, n: int) -> float:
     return time.perf_counter()
 
 
+def duplex_rates(profile: LinkProfile, n_up: int, n_down: int, kernel: bool = False) -> dict[str, float]:
+    """Send n_up bytes up and n_down down at the same moment; achieved Mbit/s per direction (delay removed)."""
+    server = OneShotServer()
+    shaper = contextlib.nullcontext()
+    proxy_profile = profile
+    if kernel:
+        from asyncspec.cloudedge.link_kernel import KernelShaper
+
+        shaper = KernelShaper(profile, target_port=server.port)
+        proxy_profile = shaper.userspace_profile()
+    with shaper, LinkThread(proxy_profile, target=("127.0.0.1", server.port)) as link:
+        client = socket.create_connection(link.address)
+        server_side = server.connection()
+        finished = {}
+        start = time.perf_counter()
+        threads = [
+            threading.Thread(target=client.sendall, args=(b"u" * n_up,)),
+            threading.Thread(target=server_side.sendall, args=(b"d" * n_down,)),
+            threading.Thread(target=lambda: finished.setdefault("up", receive_exactly(server_side, n_up))),
+            threading.Thread(target=lambda: finished.setdefault("down", receive_exactly(client, n_down))),
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=30)
+        client.close()
+        server.close()
+        assert link.stats.up.bytes_delivered == n_up and link.stats.down.bytes_delivered == n_down
+    delays = {"up": profile.up_delay_ms / 1000, "down": profile.down_delay_ms / 1000}
+    sizes = {"up": n_up, "down": n_down}
+    return {d: sizes[d] * 8 / 1e6 / (finished[d] - start - delays[d]) for d in sizes if sizes[d]}
+
+
 def test_rates_in_both_directions_at_once_match_the_settings():
     # 8 Mbit/s up, 16 down, with delay: 1.5 s of traffic each way, sent at the same time (full duplex),
     # so pipelining (delay per byte would collapse the rate) and direction independence are both tested.
     profile = resolve_profile(up_mbit=8, down_mbit=16, up_delay_ms=40, down_delay_ms=20)
-    n_up, n_down = 1_500_000, 3_000_000
-    link, client, server_side, server = connected_pair(profile)
-    try:
-        finished = {}
-        start = time.perf_counter()
-        senders = [
-            threading.Thread(target=client.sendall, args=(b"u" * n_up,)),
-            threading.Thread(target=server_side.sendall, args=(b"d" * n_down,)),
-        ]
-        receivers = [
-            threading.Thread(target=lambda: finished.setdefault("up", receive_exactly(server_side, n_up))),
-            threading.Thread(target=lambda: finished.setdefault("down", receive_exactly(client, n_down))),
-        ]
-        for thread in senders + receivers:
-            thread.start()
-        for thread in senders + receivers:
-            thread.join(timeout=30)
-        up_rate = n_up * 8 / 1e6 / (finished["up"] - start - 0.040)
-        down_rate = n_down * 8 / 1e6 / (finished["down"] - start - 0.020)
-        assert up_rate == pytest.approx(8, rel=TOLERANCE), f"uplink {up_rate:.2f} Mbit/s"
-        assert down_rate == pytest.approx(16, rel=TOLERANCE), f"downlink {down_rate:.2f} Mbit/s"
-        assert link.stats.up.bytes_delivered == n_up and link.stats.down.bytes_delivered == n_down
-    finally:
-        client.close()
-        server.close()
-        link.__exit__(None, None, None)
+    rates = duplex_rates(profile, n_up=1_500_000, n_down=3_000_000)
+    assert rates["up"] == pytest.approx(8, rel=TOLERANCE), rates
+    assert rates["down"] == pytest.approx(16, rel=TOLERANCE), rates
+
+
+KERNEL_PROBE = """
+import json, sys
+sys.path.insert(0, "tests")
+from test_link import duplex_rates
+from asyncspec.cloudedge.link_profiles import resolve_profile
+profile = resolve_profile(up_mbit=16, down_mbit=32, up_delay_ms=30, down_delay_ms=10)
+up = duplex_rates(profile, n_up=3_000_000, n_down=0, kernel=True)
+down = duplex_rates(profile, n_up=0, n_down=6_000_000, kernel=True)
+print(json.dumps(up | down))
+"""
+
+
+@pytest.mark.skipif(
+    not (kernel_shaping_available() and shutil.which("unshare") and shutil.which("ip")),
+    reason="kernel shaping needs root, tc, unshare and ip",
+)
+def test_kernel_htb_rates_with_userspace_delay():
+    """In a private network namespace (its own loopback: nothing else on the machine is shaped). One
+    direction at a time: in full duplex, TCP piggybacks the downlink's ACKs on queued uplink data, which
+    slows the downlink as on a real asymmetric link (the userspace proxy terminates TCP and is exempt)."""
+    script = f"ip link set lo up && {shlex.quote(sys.executable)} -c {shlex.quote(KERNEL_PROBE)}"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    done = subprocess.run(["unshare", "-n", "sh", "-c", script], capture_output=True, text=True, env=env, timeout=120)
+    if done.returncode != 0 and "Operation not permitted" in done.stderr:
+        pytest.skip("no permission to create a network namespace")
+    assert done.returncode == 0, done.stderr
+    rates = json.loads(done.stdout.strip().splitlines()[-1])
+    assert rates["up"] == pytest.approx(16, rel=TOLERANCE), rates
+    assert rates["down"] == pytest.approx(32, rel=TOLERANCE), rates
+
+
+def test_kernel_shaper_commands_classify_by_service_port():
+    if not kernel_shaping_available():
+        with pytest.raises(InputError, match="needs root"):
+            KernelShaper(resolve_profile("weak"), target_port=5555)
+        return
+    shaper = KernelShaper(resolve_profile("weak", scale=10), target_port=5555)
+    commands = [" ".join(c) for c in shaper.commands()]
+    assert "htb rate 5000000bit ceil 5000000bit burst 131072" in commands[1]
+    assert "htb rate 15000000bit" in commands[2]
+    assert commands[4].endswith("0xffff at 2 match ip dport 5555 0xffff flowid 1:10")  # offload packets
+    assert commands[5].endswith("0xffff at 2 match ip sport 5555 0xffff flowid 1:20")
+    assert commands[6].endswith("0xff00 at 2 flowid 1:30")  # then ACKs
+    assert commands[7].endswith("prio 3 u32 match ip dport 5555 0xffff flowid 1:10")
+    assert commands[8].endswith("prio 3 u32 match ip sport 5555 0xffff flowid 1:20")
+    assert shaper.userspace_profile().up_mbit == float("inf")
+    assert shaper.userspace_profile().up_delay_ms == resolve_profile("weak").up_delay_ms
 
 
 def test_one_way_delays_match_the_settings_per_direction():
@@ -280,3 +348,29 @@ def test_bad_profiles_get_clear_errors(kwargs, message):
 def test_cli_rejects_bad_link_arguments(args, message, capsys):
     assert main(["link", *args]) == EXIT_BAD_INPUT
     assert message in capsys.readouterr().err
+
+
+def test_cli_link_serves_until_terminated():
+    server = OneShotServer()
+    command = [sys.executable, "-m", "asyncspec", "link", "--profile", "weak", "--link-scale", "10"]
+    command += ["--delay-ms", "20", "--target", f"127.0.0.1:{server.port}"]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    proxy = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        ready = proxy.stdout.readline()
+        assert ready.startswith("link ready on 127.0.0.1:"), ready + proxy.stderr.read()
+        assert "up 5 Mbit/s, down 15 Mbit/s" in ready and "link scale 10" in ready
+        port = int(ready.split()[3].rsplit(":", 1)[1])
+        client = socket.create_connection(("127.0.0.1", port))
+        sent = time.perf_counter()
+        client.sendall(b"hello")
+        server_side = server.connection()
+        receive_exactly(server_side, 5)
+        assert time.perf_counter() - sent >= 0.020
+        client.close()
+    finally:
+        proxy.send_signal(signal.SIGTERM)
+        _, errors = proxy.communicate(timeout=10)
+        server.close()
+    assert proxy.returncode == 0, errors
+    assert "link closed" in errors
