@@ -374,3 +374,26 @@ def test_cli_link_serves_until_terminated():
         server.close()
     assert proxy.returncode == 0, errors
     assert "link closed" in errors
+
+
+def test_a_flooding_sender_is_held_back_not_buffered_without_bound():
+    # 8 Mbit/s = 1 MB/s; the sender offers 40 MB at once: the proxy must stop reading (TCP backpressure)
+    link, client, server_side, server = connected_pair(resolve_profile(up_mbit=8, down_mbit=8, delay_ms=50))
+    try:
+        def flood():
+            with contextlib.suppress(OSError):  # the test closes the socket under it
+                client.sendall(b"f" * 40_000_000)
+
+        sender = threading.Thread(target=flood, daemon=True)
+        sender.start()
+        line = next(iter(link.proxy.connections)).client.outgoing
+        peak = 0
+        for _ in range(40):
+            time.sleep(0.025)
+            peak = max(peak, line.queued_bytes)
+        assert sender.is_alive(), "40 MB cannot have left through a 1 MB/s link in one second"
+        assert 0 < peak <= line.high_water + 256 * 1024, (peak, line.high_water)
+    finally:
+        client.close()
+        server.close()
+        link.__exit__(None, None, None)

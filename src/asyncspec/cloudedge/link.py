@@ -61,7 +61,8 @@ class DelayLine:
         self.sink: _Endpoint | None = None  # receives what this line delivers
         self.source: asyncio.Transport | None = None  # paused while the line is over its high-water mark
         self._timer: asyncio.TimerHandle | None = None
-        self._source_paused = False
+        self._over_high_water = False  # too much in flight on the link
+        self.sink_blocked = False  # the receiving socket is not keeping up (asyncio pause_writing)
 
     def push(self, data: bytes | None) -> None:
         """Bytes (or an _EOF/_CLOSE marker) that reached the sending end of the link now."""
@@ -74,9 +75,9 @@ class DelayLine:
             self.link_free_at = max(now, self.link_free_at) + len(piece) / self.rate
             self._enqueue(self.link_free_at + self.delay, piece)
             self.queued_bytes += len(piece)
-        if self.queued_bytes > self.high_water and self.source is not None and not self._source_paused:
-            self._source_paused = True
-            self.source.pause_reading()
+        if self.queued_bytes > self.high_water and not self._over_high_water:
+            self._over_high_water = True
+            self.update_source()
 
     def _enqueue(self, deliver_at: float, item: bytes | None) -> None:
         self.queue.append((deliver_at, item))
@@ -92,27 +93,36 @@ class DelayLine:
             self._write(item)
         if self.queue:
             self._timer = self.loop.call_at(self.queue[0][0], self._deliver_due)
-        if self._source_paused and self.queued_bytes <= self.high_water / 2 and self.source is not None:
-            self._source_paused = False
-            if not self.source.is_closing():
-                self.source.resume_reading()
+        if self._over_high_water and self.queued_bytes <= self.high_water / 2:
+            self._over_high_water = False
+            self.update_source()
+
+    def update_source(self) -> None:
+        """Read from the sender only while the link has room and the receiver keeps up."""
+        source = self.source
+        if source is None or source.is_closing():
+            return
+        if self._over_high_water or self.sink_blocked:
+            source.pause_reading()
+        else:
+            source.resume_reading()
 
     def _write(self, item: bytes | None) -> None:
         sink = self.sink
         transport = sink.transport if sink is not None else None
-        open_ = transport is not None and not transport.is_closing()
+        writable = transport is not None and not transport.is_closing()
         if item:
             self.queued_bytes -= len(item)
-            self.stats.bytes_delivered += len(item)
-            self.stats.segments += 1
-            if open_:
+            if writable:
+                self.stats.bytes_delivered += len(item)  # before the write: readers may look right after it
+                self.stats.segments += 1
                 transport.write(item)
         elif item == _EOF:
-            if open_ and transport.can_write_eof():
+            if writable and transport.can_write_eof():
                 transport.write_eof()
                 sink.eof_written = True
                 sink.close_if_done()
-        elif open_:  # _CLOSE: the sender is gone, and with it anyone to answer
+        elif writable:  # _CLOSE: the sender is gone, and with it anyone to answer
             transport.close()
 
     def cancel(self) -> None:
@@ -139,6 +149,14 @@ class _Endpoint(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self.outgoing.push(data)
+
+    def pause_writing(self) -> None:
+        self.incoming.sink_blocked = True
+        self.incoming.update_source()
+
+    def resume_writing(self) -> None:
+        self.incoming.sink_blocked = False
+        self.incoming.update_source()
 
     def eof_received(self) -> bool:
         self.got_eof = True
@@ -201,7 +219,7 @@ class ShapingProxy:
         self.profile, self.target, self.listen, self.client_is_edge = profile, target, listen, client_is_edge
         self.stats = LinkStats()
         self.loop: asyncio.AbstractEventLoop | None = None
-        self.server: asyncio.base_events.Server | None = None
+        self.server: asyncio.Server | None = None
         self.connections: set[_Connection] = set()
 
     @property
@@ -232,7 +250,7 @@ class ShapingProxy:
         if client.is_closing():  # the client left while we were connecting
             connection.server.transport.close()
         else:
-            client.resume_reading()
+            connection.client.outgoing.update_source()
 
     def connection_closed(self, connection: _Connection) -> None:
         if connection in self.connections:
