@@ -22,6 +22,7 @@ import zmq
 from asyncspec.cli import EXIT_BAD_INPUT, main
 from asyncspec.cloudedge.link import LinkThread
 from asyncspec.cloudedge.link_kernel import KernelShaper, kernel_shaping_available
+from asyncspec.cloudedge.link_process import LinkProcess
 from asyncspec.cloudedge.link_profiles import DEFAULT_LINK_SCALE, LinkProfile, resolve_profile
 from asyncspec.errors import InputError
 
@@ -380,6 +381,7 @@ def test_a_flooding_sender_is_held_back_not_buffered_without_bound():
     # 8 Mbit/s = 1 MB/s; the sender offers 40 MB at once: the proxy must stop reading (TCP backpressure)
     link, client, server_side, server = connected_pair(resolve_profile(up_mbit=8, down_mbit=8, delay_ms=50))
     try:
+
         def flood():
             with contextlib.suppress(OSError):  # the test closes the socket under it
                 client.sendall(b"f" * 40_000_000)
@@ -397,3 +399,29 @@ def test_a_flooding_sender_is_held_back_not_buffered_without_bound():
         client.close()
         server.close()
         link.__exit__(None, None, None)
+
+
+def test_link_process_carries_zeromq_and_reports_wire_bytes():
+    context = zmq.Context()
+    server = context.socket(zmq.REP)
+    server.linger = 0
+    port = server.bind_to_random_port("tcp://127.0.0.1")
+    profile = resolve_profile("weak", scale=10, delay_ms=5)
+    with LinkProcess(profile, target=("127.0.0.1", port)) as link:
+        client = context.socket(zmq.REQ)
+        client.linger = 0
+        client.connect(f"tcp://{link.address[0]}:{link.address[1]}")
+        for _ in range(4):
+            client.send(b"u" * 50_000)
+            assert server.poll(5000)
+            server.recv()
+            server.send(b"d" * 1000)
+            assert client.poll(5000)
+            assert len(client.recv()) == 1000
+        client.close()
+    server.close()
+    context.term()
+    # payload plus ZeroMQ's greeting and frame headers (a few dozen bytes per message)
+    assert 200_000 < link.stats.up.bytes_delivered < 200_000 + 1000, link.stats
+    assert 4_000 < link.stats.down.bytes_delivered < 4_000 + 1000, link.stats
+    assert link.stats.connections_total == 1 and link.stats.connect_failures == 0

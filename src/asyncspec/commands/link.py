@@ -75,7 +75,9 @@ def run(args: argparse.Namespace) -> int:
             asyncio.run(_serve_until_signal(proxy, ready))
         except OSError as error:
             raise InputError(f"cannot listen on {args.listen}: {error.strerror or error}") from None
-    print(f"link closed: {proxy.stats}", file=sys.stderr)
+    from asyncspec.cloudedge.link_process import stats_line
+
+    print(stats_line(proxy.stats), file=sys.stderr)
     return 0
 
 
