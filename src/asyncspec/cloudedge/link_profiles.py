@@ -25,22 +25,25 @@ PROFILE_RATES_MBIT: dict[str, tuple[float, float]] = {
 }
 
 # --link-scale divides both rates so that one block's upload time over its verification time matches a
-# GPU-class verifier (S = T_verify(CPU, here) / T_verify(GPU, paper)); with the same payload and nominal
-# rate, scaling the rate by 1/S scales the upload time by S and restores the paper's upload:verify ratio.
+# GPU-class verifier: S = T_verify(CPU, here) / T_verify(GPU, paper). With the same payload and nominal
+# rate, dividing the rate by S multiplies the serialisation time by S and restores the paper's ratio
+# (the propagation delay is not scaled).
 #   GPU side: the paper's target is a 32B model on A100s. Qwen's published speed benchmark (Qwen2.5 docs,
-#     docs/source/benchmark/speed_benchmark.rst in QwenLM/Qwen2.5; A100 80GB, vLLM 0.6.3, bf16, batch 1,
-#     input length 1) gives Qwen2.5-32B-Instruct 22.13 tok/s = 45.2 ms per forward on one A100, and
-#     Qwen2.5-1.5B-Instruct 183.33 tok/s = 5.45 ms. A width-8 verification at batch 1 is weight-bandwidth
-#     bound on a GPU, so it costs about one decode forward.
-#   CPU side: `python scripts/measure_verify_cpu.py` (Qwen2.5-Coder-1.5B bf16, one torch thread, width-8
-#     block after a ~150-token HumanEval prompt). Measured here (load average ~1, another agent active):
-#     median 0.433 s.
-#   S = 0.433 s / 45.2 ms = 9.6 -> 10 (default). Against the same 1.5B model on one A100 (5.45 ms) the
-#     factor would be ~80: an upper bound, for a verifier far faster than the paper's.
+#     docs/source/benchmark/speed_benchmark.rst in QwenLM/Qwen2.5: A100 80GB, vLLM 0.6.3, bf16, batch 1,
+#     input length 1, 2048 generated tokens) gives Qwen2.5-32B-Instruct 22.13 tok/s on one A100 = 45.2 ms
+#     per forward, and Qwen2.5-1.5B-Instruct 183.33 tok/s = 5.45 ms. At batch 1 a width-8 verification is
+#     bound by reading the weights, so on a GPU it costs about one decode forward.
+#   CPU side: `PYTHONPATH=src python scripts/measure_verify_cpu.py` (Qwen2.5-Coder-1.5B bf16, one torch
+#     thread, a width-8 block after the 118-token HumanEval/0 prompt). Measured on this 2-core machine
+#     while other agents ran (load average 2-4): width 8: min 2.04-2.47 s, median 2.78-3.55 s over two
+#     runs; width 1: min 0.70-0.73 s, median 0.74-1.02 s.
+#   S = 2.0 s / 45.2 ms = 44 for width-8 blocks; the default is 40, rounded down so as not to overstate the
+#     network's share. Against the same 1.5B model on one A100 (5.45 ms) S would be ~370: an upper bound,
+#     for a verifier far faster than the paper's. For other block widths use T_cpu(width) / 45.2 ms.
 GPU_VERIFY_S_32B_A100 = 1.0 / 22.13
 GPU_VERIFY_S_1P5B_A100 = 1.0 / 183.33
-CPU_VERIFY_S_MEASURED = 0.433
-DEFAULT_LINK_SCALE = 10.0
+CPU_VERIFY_S_WIDTH8 = 2.0
+DEFAULT_LINK_SCALE = 40.0
 
 
 @dataclass(frozen=True)
