@@ -55,7 +55,7 @@ class DelayLine:
         self.loop, self.rate, self.delay, self.stats = loop, rate, delay, stats
         self.segment = int(min(_MAX_SEGMENT, max(_MIN_SEGMENT, rate * _SEGMENT_SECONDS)))
         self.high_water = (rate * delay + max(_MIN_BUFFER, rate * _BUFFER_SECONDS)) if rate < math.inf else math.inf
-        self.queue: deque[tuple[float, bytes | None]] = deque()
+        self.queue: deque[tuple[float, memoryview | bytes | None]] = deque()
         self.queued_bytes = 0
         self.link_free_at = 0.0  # when the serialiser finishes what it holds
         self.sink: _Endpoint | None = None  # receives what this line delivers
@@ -70,8 +70,9 @@ class DelayLine:
         if not data:  # a marker takes no link time
             self._enqueue(max(now, self.link_free_at) + self.delay, data)
             return
+        view = memoryview(data)  # slices without copying
         for start in range(0, len(data), self.segment):
-            piece = data[start : start + self.segment]
+            piece = view[start : start + self.segment]
             self.link_free_at = max(now, self.link_free_at) + len(piece) / self.rate
             self._enqueue(self.link_free_at + self.delay, piece)
             self.queued_bytes += len(piece)
