@@ -425,3 +425,10 @@ def test_link_process_carries_zeromq_and_reports_wire_bytes():
     assert 200_000 < link.stats.up.bytes_delivered < 200_000 + 1000, link.stats
     assert 4_000 < link.stats.down.bytes_delivered < 4_000 + 1000, link.stats
     assert link.stats.connections_total == 1 and link.stats.connect_failures == 0
+
+
+def test_default_link_scale_follows_from_its_stated_inputs():
+    from asyncspec.cloudedge.link_profiles import CPU_VERIFY_S_WIDTH8, GPU_VERIFY_S_32B_A100
+
+    derived = CPU_VERIFY_S_WIDTH8 / GPU_VERIFY_S_32B_A100  # 2.0 s / 45.2 ms
+    assert DEFAULT_LINK_SCALE <= derived < DEFAULT_LINK_SCALE * 1.25
