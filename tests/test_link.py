@@ -432,3 +432,13 @@ def test_default_link_scale_follows_from_its_stated_inputs():
 
     derived = CPU_VERIFY_S_WIDTH8 / GPU_VERIFY_S_32B_A100  # 2.0 s / 45.2 ms
     assert DEFAULT_LINK_SCALE <= derived < DEFAULT_LINK_SCALE * 1.25
+
+
+def test_cli_reports_a_busy_listen_port(capsys):
+    busy = socket.create_server(("127.0.0.1", 0))
+    try:
+        port = busy.getsockname()[1]
+        assert main(["link", "--profile", "weak", "--listen", f"127.0.0.1:{port}", "--target", "127.0.0.1:1"]) == 2
+    finally:
+        busy.close()
+    assert f"cannot listen on 127.0.0.1:{port}" in capsys.readouterr().err
