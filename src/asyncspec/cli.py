@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from asyncspec.commands import link as link_command
 from asyncspec.errors import InputError, ModelNotPreparedError
 from asyncspec.profiling.deployed import CATALOG
 
@@ -82,6 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     for command in (profile, replay, select_budget):
         command.add_arguments(commands)
+    link_command.add_parser(commands)
     return parser
 
 
@@ -99,6 +101,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _dispatch(args: argparse.Namespace) -> int:
+    if args.command == "link":  # before the imports below: the link proxy needs no torch
+        return link_command.run(args)
     if getattr(args, "threads", None):
         import torch
 
