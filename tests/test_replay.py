@@ -237,3 +237,10 @@ def test_producer_choice_names():
     assert ProducerChoice.parse("autoregressive").name == "autoregressive"
     with pytest.raises(InputError):
         ProducerChoice.parse("psychic")
+
+
+def test_replay_validates_at_as2d_default_budget():
+    from asyncspec.cli import build_parser
+    from asyncspec.decoding.as2d import DEFAULT_BUDGET
+
+    assert build_parser().parse_args(["replay", "--validate"]).budget == DEFAULT_BUDGET

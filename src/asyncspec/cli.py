@@ -79,10 +79,10 @@ def build_parser() -> argparse.ArgumentParser:
     ondevice.add_argument("--catalog", default=CATALOG, help="--oracle: producers the oracle may pick from")
     _decoding_options(ondevice, "whisper-base", "whisper-tiny.en")
     ondevice.set_defaults(method="sd,specasr,as2d", json=False)
-    from asyncspec.commands import profile, replay, select_budget
+    from asyncspec.commands.profiling_cli import add_profile, add_replay, add_select_budget
 
-    for command in (profile, replay, select_budget):
-        command.add_arguments(commands)
+    for add in (add_profile, add_replay, add_select_budget):
+        add(commands)
     link_command.add_parser(commands)
     return parser
 

@@ -4,46 +4,49 @@ disjoint from development and test audio); write JSON and the R(K) plot (seed 00
 from __future__ import annotations
 
 from argparse import Namespace
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from asyncspec.audio import load_audio
 from asyncspec.commands.transcribe import make_producer, producer_spec
 from asyncspec.devset import calibration_audio
 from asyncspec.errors import InputError
+from asyncspec.models.base import DecodeRequest
 from asyncspec.models.hf_whisper import WhisperBackend
-from asyncspec.profiling.costs import CONCURRENT, IDLE, CostProfile
+from asyncspec.ondevice.producer import ProducerSpec
+from asyncspec.profiling.costs import CONCURRENT, DEFAULT_OFFSETS, IDLE, CostProfile
 from asyncspec.profiling.deployed import ProducerChoice
 from asyncspec.profiling.measure import (
-    DEFAULT_OFFSETS,
-    DEFAULT_WIDTHS,
-    ProducerLoad,
     build_profile,
     native_runs,
-    sweep_verify,
+    verify_timings,
 )
 
 REPEATS = 3  # native calibration runs per method (loop costs)
 
 
-def add_arguments(commands) -> None:
-    profile = commands.add_parser("profile", help="measure this device's verification and loop costs")
-    profile.add_argument("--model", default="whisper-base")
-    profile.add_argument("--producer", default="ct2-chunk@4s", help="producer for the concurrent sweep and loop costs")
-    profile.add_argument("--producer-model", default="whisper-tiny.en")
-    profile.add_argument("--drafter", default="whisper-tiny.en", help="sd drafter whose step cost is measured")
-    profile.add_argument("--dtype", default="bf16", choices=["bf16", "fp32", "fp16"])
-    profile.add_argument("--max-width", type=int, default=max(DEFAULT_WIDTHS), help="widths K = 1..this")
-    profile.add_argument("--offsets", default=",".join(map(str, DEFAULT_OFFSETS)), help="output tokens before calls")
-    profile.add_argument("--repetitions", type=int, default=5)
-    profile.add_argument("--warmup", type=int, default=1)
-    profile.add_argument("--idle-only", action="store_true", help="skip the sweep beside a running producer")
-    profile.add_argument("--threads", type=int, default=1)
-    profile.add_argument("--out", default="out", help="folder for profile.json and profile_saving.png")
+@dataclass
+class Calibration:
+    """What a later re-calibration of the verification costs needs (block calibration)."""
+
+    target: WhisperBackend
+    request: DecodeRequest
+    reference: list[int]
+    load: ProducerSpec | None
+    log: Callable[[str], None] = print
+
+    def recalibrate(self, base: CostProfile, max_width: int, repetitions: int = 3) -> CostProfile:
+        widths, offsets = tuple(range(1, max_width + 1)), tuple(sorted(base.verify[IDLE]))
+        timings = verify_timings(
+            self.target, self.request, self.reference, self.load, widths, offsets, repetitions, 1, self.log
+        )
+        return replace(base, verify=timings)
 
 
 def run(args) -> int:
     out = Path(args.out)
-    profile = measure_profile(args, out)
+    profile, _ = measure_profile(args, out)
     profile.save(out / "profile.json")
     print_profile(profile)
     plot_saving(profile, out / "profile_saving.png")
@@ -51,12 +54,12 @@ def run(args) -> int:
     return 0
 
 
-def measure_profile(args, out: Path) -> CostProfile:
+def measure_profile(args, out: Path, target: WhisperBackend | None = None) -> tuple[CostProfile, Calibration]:
     from asyncspec.models.registry import load_decoder
 
     widths, offsets = _sweep_shape(args)
     choice = ProducerChoice.parse(args.producer)
-    target = load_decoder(args.model, args.dtype)
+    target = target or load_decoder(args.model, args.dtype)
     if not isinstance(target, WhisperBackend):
         raise InputError(f"{args.model} is not a speech model")
     audio = load_audio(calibration_audio(out / "calibration"))
@@ -65,13 +68,8 @@ def measure_profile(args, out: Path) -> CostProfile:
     target_runs = native_runs("target", target, None, request, REPEATS)
     reference = target_runs[0].tokens
     spec = producer_spec(choice.kind, choice.chunk_s, args.producer_model, args.dtype, target)
-    timings = {IDLE: sweep_verify(target, request, reference, widths, offsets, args.repetitions, args.warmup, print)}
-    if not args.idle_only:
-        print("profile: the same sweep while a producer runs on the other core")
-        with ProducerLoad(spec, audio):
-            timings[CONCURRENT] = sweep_verify(
-                target, request, reference, widths, offsets, args.repetitions, args.warmup, print
-            )
+    load = None if args.idle_only else spec
+    timings = verify_timings(target, request, reference, load, widths, offsets, args.repetitions, args.warmup, print)
     producer = make_producer(choice.kind, choice.chunk_s, args.producer_model, args.dtype, target)
     try:
         as2d_runs = native_runs("as2d", target, producer, request, REPEATS)
@@ -79,7 +77,8 @@ def measure_profile(args, out: Path) -> CostProfile:
         producer.close()
     drafter = load_decoder(args.drafter, args.dtype)
     sd_runs = native_runs("sd", target, drafter, request, 2)
-    return build_profile(target, args.dtype, timings, as2d_runs, target_runs[1:], sd_runs, choice.chunk_s)
+    profile = build_profile(target, args.dtype, timings, as2d_runs, target_runs[1:], sd_runs, choice.chunk_s)
+    return profile, Calibration(target, request, reference, load)
 
 
 def profile_settings(args, producer: str, max_width: int) -> Namespace:

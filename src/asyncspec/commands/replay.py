@@ -4,35 +4,18 @@ replay model against native As²d runs timed just after the profile was measured
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from statistics import mean
 from typing import Any
 
 from asyncspec.commands.profile import measure_profile, print_profile, profile_settings
-from asyncspec.decoding.as2d import DEFAULT_BUDGET
 from asyncspec.errors import InputError
 from asyncspec.profiling.costs import CostProfile
 from asyncspec.profiling.deployed import ProducerChoice
 from asyncspec.profiling.replay import NativePricer, ProfilePricer, replay_as2d, replay_target_only, reprice_serial
 from asyncspec.profiling.selection import rank, replay_catalog
 from asyncspec.profiling.trajectory import WindowTrajectory, load_trajectories, save_trajectories
-
-
-def add_arguments(commands) -> None:
-    replay = commands.add_parser("replay", help="re-price saved runs under a cost profile; --validate vs native")
-    replay.add_argument("trajectories", nargs="?", help="trajectory JSON (from bench ondevice / select-budget)")
-    replay.add_argument("--profile", help="cost profile JSON (validate: default measures one now)")
-    replay.add_argument("--validate", action="store_true", help="native As²d vs replay of the same trajectories")
-    replay.add_argument("--audio", metavar="DIR", help="validate: audio directory (default: joined LibriVox)")
-    replay.add_argument("--model", default="whisper-base")
-    replay.add_argument("--producer", default="ct2-chunk@4s")
-    replay.add_argument("--producer-model", default="whisper-tiny.en")
-    replay.add_argument("--drafter", default="whisper-tiny.en")
-    replay.add_argument("--budget", type=int, default=DEFAULT_BUDGET, help="validate: As²d budget")
-    replay.add_argument("--dtype", default="bf16", choices=["bf16", "fp32", "fp16"])
-    replay.add_argument("--threads", type=int, default=1)
-    replay.add_argument("--out", default="out")
-    replay.add_argument("--json", metavar="FILE", help="write the report here (default: OUT/replay*.json)")
 
 
 def run(args) -> int:
@@ -70,29 +53,37 @@ def validate(args) -> int:
 
     out = Path(args.out)
     choice = ProducerChoice.parse(args.producer)
-    if args.profile:
-        profile = CostProfile.load(args.profile)
-    else:  # measured just before, frozen before any validation timing is seen
-        profile = measure_profile(profile_settings(args, args.producer, args.budget + 1), out)
-        profile.save(out / "replay_validate_profile.json")
-    print_profile(profile)
     windows = directory_windows(args.audio) if args.audio else librivox_windows()
     target = load_decoder(args.model, args.dtype)
+    if args.profile:
+        profile, calibration = CostProfile.load(args.profile), None
+    else:  # measured just before, frozen before any validation timing is seen
+        profile, calibration = measure_profile(profile_settings(args, args.producer, args.budget + 1), out, target)
+        profile.save(out / "replay_validate_profile.json")
+    print_profile(profile)
+    every = args.calibrate_every or len(windows)
+    pairs, mismatches = [], []
     with producers([choice], args.producer_model, args.dtype, target) as workers:
-        collection = collect(target, workers, windows, args.budget, "replay --validate")
-    save_trajectories(out / "replay_validate_trajectories.json", collection.trajectories)
-    report = agreement(collection.trajectories, profile, choice.name, args.budget)
-    report["mismatches"] = collection.mismatches
+        for start in range(0, len(windows), every):
+            if start and calibration is not None:  # block calibration: costs re-measured before each block
+                profile = calibration.recalibrate(profile, args.budget + 1)
+            collection = collect(target, workers, windows[start : start + every], args.budget, "replay --validate")
+            pairs += [(t, profile) for t in collection.trajectories]
+            mismatches += collection.mismatches
+    save_trajectories(out / "replay_validate_trajectories.json", [t for t, _ in pairs])
+    report = agreement(pairs, choice.name, args.budget)
+    report.update(mismatches=mismatches, calibrate_every=args.calibrate_every, load_average=os.getloadavg())
     print_agreement(report)
     _write(report, args.json or out / "replay_validate.json")
     return 0
 
 
-def agreement(trajectories: list[WindowTrajectory], profile: CostProfile, producer: str, budget: int) -> dict:
-    """Per window: native vs profile-replayed TPS (As²d and target-only), and a self-check that
-    replaying with the native run's own durations reproduces its time exactly."""
+def agreement(pairs: list[tuple[WindowTrajectory, CostProfile]], producer: str, budget: int) -> dict:
+    """Per window: native vs replayed TPS under the profile calibrated before it (As²d and
+    target-only), and a self-check that replaying with the native run's own durations reproduces
+    its time exactly."""
     rows = []
-    for t in trajectories:
+    for t, profile in pairs:
         key = f"as2d:{producer}"
         if key not in t.native:
             continue

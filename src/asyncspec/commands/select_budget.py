@@ -11,24 +11,9 @@ from asyncspec.commands.profile import measure_profile, profile_settings
 from asyncspec.decoding.as2d import DEFAULT_BUDGET
 from asyncspec.errors import InputError
 from asyncspec.profiling.costs import CostProfile
-from asyncspec.profiling.deployed import CATALOG, DeployedConfig, config_path, parse_catalog, save_deployed
+from asyncspec.profiling.deployed import DeployedConfig, parse_catalog, save_deployed
 from asyncspec.profiling.selection import BUDGETS, Catalog, rank, replay_catalog
 from asyncspec.profiling.trajectory import save_trajectories
-
-
-def add_arguments(commands) -> None:
-    select = commands.add_parser("select-budget", help="choose As²d's producer and budget on a development split")
-    select.add_argument("--audio", metavar="DIR", help="development audio (default: the espeak-ng development set)")
-    select.add_argument("--profile", help="cost profile JSON (default: measure one now, widths 1..25)")
-    select.add_argument("--producers", default=CATALOG, help="catalog: ct2-chunk@<s>s and/or autoregressive")
-    select.add_argument("--max-budget", type=int, default=max(BUDGETS))
-    select.add_argument("--model", default="whisper-base")
-    select.add_argument("--producer-model", default="whisper-tiny.en")
-    select.add_argument("--drafter", default="whisper-tiny.en")
-    select.add_argument("--dtype", default="bf16", choices=["bf16", "fp32", "fp16"])
-    select.add_argument("--threads", type=int, default=1)
-    select.add_argument("--out", default="out")
-    select.add_argument("--config", help=f"where to write the deployed configuration (default: {config_path()})")
 
 
 def run(args) -> int:
@@ -88,7 +73,7 @@ def run(args) -> int:
 
 def _measure(args, out: Path, path: str) -> CostProfile:
     producer = args.producers.split(",")[0].strip()
-    profile = measure_profile(profile_settings(args, producer, args.max_budget + 1), out)
+    profile, _ = measure_profile(profile_settings(args, producer, args.max_budget + 1), out)
     profile.save(path)
     return profile
 

@@ -14,6 +14,8 @@ from typing import Any
 from asyncspec.errors import InputError
 
 IDLE, CONCURRENT = "idle", "concurrent"
+DEFAULT_WIDTHS = tuple(range(1, 26))  # budgets 1..24 plus the known root
+DEFAULT_OFFSETS = (0, 32, 64)  # output tokens in the cache before the call
 
 
 @dataclass

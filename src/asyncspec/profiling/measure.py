@@ -26,8 +26,6 @@ from asyncspec.ondevice.buffer import PublishedBatch
 from asyncspec.ondevice.producer import SOURCES, ProducerSpec
 from asyncspec.profiling.costs import CONCURRENT, IDLE, CostProfile
 
-DEFAULT_WIDTHS = tuple(range(1, 26))  # budgets 1..24 plus the known root
-DEFAULT_OFFSETS = (0, 32, 64)
 LOAD_READY_TIMEOUT_S = 120
 
 
@@ -64,6 +62,26 @@ def sweep_verify(
             f"  offset {offset}: K=1 {1000 * median(by_width[widths[0]]):.1f} ms, K={widths[-1]} "
             f"{1000 * median(by_width[widths[-1]]):.1f} ms"
         )
+    return timings
+
+
+def verify_timings(
+    target: Decoder,
+    request: DecodeRequest,
+    reference: list[int],
+    load: ProducerSpec | None,
+    widths: tuple[int, ...],
+    offsets: tuple[int, ...],
+    repetitions: int,
+    warmup: int,
+    log: Callable[[str], None],
+) -> dict[str, dict[int, dict[int, list[float]]]]:
+    """The idle sweep and, with a producer spec, the same sweep beside that producer."""
+    timings = {IDLE: sweep_verify(target, request, reference, widths, offsets, repetitions, warmup, log)}
+    if load is not None:
+        log("profile: the same sweep while a producer runs on the other core")
+        with ProducerLoad(load, request.audio):
+            timings[CONCURRENT] = sweep_verify(target, request, reference, widths, offsets, repetitions, warmup, log)
     return timings
 
 
