@@ -98,6 +98,7 @@ class ProducerLoad:
 
     def __init__(self, spec: ProducerSpec, audio: np.ndarray):
         context = multiprocessing.get_context("spawn")
+        os.environ.setdefault("OMP_NUM_THREADS", str(spec.threads))  # as the native producer process has
         self.ready, self.stop = context.Event(), context.Event()
         self.process = context.Process(
             target=producer_load_main, args=(spec, audio, self.ready, self.stop), daemon=True, name="producer-load"
