@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from asyncspec.commands.profile import measure_profile, profile_settings
+from asyncspec.commands.profile import measure_profile, plot_saving, profile_settings
 from asyncspec.decoding.as2d import DEFAULT_BUDGET
 from asyncspec.errors import InputError
 from asyncspec.profiling.costs import CostProfile
@@ -75,6 +75,7 @@ def _measure(args, out: Path, path: str) -> CostProfile:
     producer = args.producers.split(",")[0].strip()
     profile, _ = measure_profile(profile_settings(args, producer, args.max_budget + 1), out)
     profile.save(path)
+    plot_saving(profile, Path(path).with_name("profile_saving.png"))
     return profile
 
 
