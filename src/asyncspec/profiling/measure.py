@@ -167,6 +167,13 @@ def producer_costs(results: list[DecodeResult], chunk_s: float) -> dict[str, flo
     }
 
 
+def conversion_costs(sd_runs: list[DecodeResult]) -> dict[str, float]:
+    """Vocabulary conversion inside sd's drafting (tiny.en text <-> base tokens), per drafting stage."""
+    stages = sum(1 for r in sd_runs for e in r.trace.events if e.stage == "draft")
+    total = sum(r.stats.convert_s for r in sd_runs)
+    return {"sd_convert_s_per_draft": round(total / stages, 6) if stages else None}
+
+
 def delivery_latency(samples: int = 200) -> float:
     """Median seconds to hand one published batch through a pipe, as the producer does."""
     sender, receiver = multiprocessing.Pipe()
@@ -222,7 +229,7 @@ def build_profile(
         lead_s=loop["lead_s"],
         drafter_call_s=drafter_call_s,
         drafter_step_s=drafter_step_s,
-        producer=producer_costs(as2d_runs, chunk_s),
+        producer=producer_costs(as2d_runs, chunk_s) | conversion_costs(sd_runs),
         device=device_facts(),
     )
 
