@@ -18,6 +18,7 @@ def noise_floor(law: torch.Tensor, draws: int = DRAWS) -> float:
     law = law.double()
     return 2 * 0.5 * float(torch.sqrt(2 * law * (1 - law) / (torch.pi * draws)).sum())
 
+
 POLICY = CorrectionPolicy(k_schedule=(4, 8, 16), proposals=8)
 
 

@@ -105,6 +105,8 @@ class Open(Message):
     prompt_len: int
     temperature: float
     seed: int
+    first_k: int  # top-K support size to return with a rejection verdict (0: none)
+    epoch: int  # resynchronisations so far: a late duplicate Open (lower epoch) is ignored
 
     @property
     def sampling(self) -> Sampling:
@@ -198,12 +200,62 @@ class Nack(Message):
     reason: str  # "unknown" (resend Open), "stale", "busy" (back-pressure: retry), "invalid"
 
 
+# ---------------------------------------------------------------- client <-> edge
+
+
+@dataclass(frozen=True)
+class Generate(Message):
+    """client -> edge: a raw text prompt, continued as `asyncspec generate --prompt` would."""
+
+    code: ClassVar[int] = 20
+    tag: int  # the client's id for this request
+    prompt: str
+    max_new_tokens: int
+    temperature: float = 0.0
+    seed: int = 0
+    eps_req: float = 0.0
+
+
+@dataclass(frozen=True)
+class Token(Message):
+    """edge -> client: one committed token and the text it completes (may be empty mid-character)."""
+
+    code: ClassVar[int] = 21
+    tag: int
+    token: int
+    text: str
+
+
+@dataclass(frozen=True)
+class Done(Message):
+    code: ClassVar[int] = 22
+    tag: int
+    text: str
+    tokens: bytes  # uint32 ids
+    finish_reason: str  # "eos" | "length"
+    stats: dict
+
+
+@dataclass(frozen=True)
+class Failed(Message):
+    code: ClassVar[int] = 23
+    tag: int
+    message: str
+
+
 MESSAGES: dict[int, type[Message]] = {
-    m.code: m for m in (Open, Block, Verdict, CorrectionQuery, Correction, Close, Ping, Pong, Nack)
+    m.code: m
+    for m in (Open, Block, Verdict, CorrectionQuery, Correction, Close, Ping, Pong, Nack, Generate, Token, Done, Failed)
 }
 NACK_REASONS = frozenset({"unknown", "stale", "busy", "invalid"})
 CORRECTION_KINDS = frozenset({"topk", "proposals", "full"})
-_WIRE_TYPES = {"int": (int,), "float": (float, int), "bytes": (bytes,), "str": (str,)}  # annotations are strings
+_WIRE_TYPES = {
+    "int": (int,),
+    "float": (float, int),
+    "bytes": (bytes,),
+    "str": (str,),
+    "dict": (dict,),
+}  # annotations are strings
 
 
 def encode(message: Message) -> bytes:

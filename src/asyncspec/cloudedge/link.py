@@ -1,0 +1,119 @@
+"""A link emulator between one edge and the cloud: a ZeroMQ proxy that adds one-way latency and a
+per-direction bandwidth (serialisation delay), and lets tests observe, duplicate, delay, drop or
+inject frames. The edge connects to `front`; the proxy connects to the cloud.
+
+Network profiles of seed 002 §V-A (uplink/downlink Mbit/s): weak 50/150, medium 150/1000,
+strong 250/2500.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import zmq
+
+from asyncspec.cloudedge.transport import make_socket
+
+PROFILES_MBIT = {"weak": (50, 150), "medium": (150, 1000), "strong": (250, 2500)}
+UP, DOWN = "up", "down"
+
+# (direction, frame, time) -> list of (extra delay s, frame) to deliver; [] drops the frame
+Fault = Callable[[str, bytes, float], list[tuple[float, bytes]]]
+
+
+@dataclass
+class LinkConfig:
+    latency_s: float = 0.0  # one way
+    up_bytes_per_s: float | None = None  # None: unlimited
+    down_bytes_per_s: float | None = None
+
+    @classmethod
+    def profile(cls, name: str, latency_s: float = 0.01) -> LinkConfig:
+        up, down = PROFILES_MBIT[name]
+        return cls(latency_s, up * 1e6 / 8, down * 1e6 / 8)
+
+
+@dataclass
+class LinkRecord:
+    """Every frame that entered the link, in order: (direction, monotonic time, frame)."""
+
+    frames: list[tuple[str, float, bytes]] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def add(self, direction: str, frame: bytes) -> None:
+        with self.lock:
+            self.frames.append((direction, time.monotonic(), frame))
+
+    def snapshot(self) -> list[tuple[str, float, bytes]]:
+        with self.lock:
+            return list(self.frames)
+
+
+class Link:
+    def __init__(self, front: str, cloud: str, config: LinkConfig = LinkConfig(), fault: Fault | None = None):
+        self.front_address = front
+        self.cloud_address = cloud
+        self.config = config
+        self.fault = fault
+        self.record = LinkRecord()
+        self.stop = threading.Event()
+        self.ready = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self._busy_until = {UP: 0.0, DOWN: 0.0}
+        self._heap: list = []
+        self._order = itertools.count()
+        self._edge: bytes | None = None
+
+    def __enter__(self) -> Link:
+        self.thread.start()
+        self.ready.wait(10)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop.set()
+        self.thread.join(10)
+
+    def _schedule(self, direction: str, frame: bytes, now: float) -> None:
+        self.record.add(direction, frame)
+        deliveries = self.fault(direction, frame, now) if self.fault else [(0.0, frame)]
+        rate = self.config.up_bytes_per_s if direction == UP else self.config.down_bytes_per_s
+        for extra, payload in deliveries:
+            depart = now
+            if rate:
+                depart = max(now, self._busy_until[direction]) + len(payload) / rate
+                self._busy_until[direction] = depart
+            heapq.heappush(self._heap, (depart + self.config.latency_s + extra, next(self._order), direction, payload))
+
+    def _run(self) -> None:
+        context = zmq.Context.instance()
+        front = make_socket(context, zmq.ROUTER, self.front_address, bind=True)
+        back = make_socket(context, zmq.DEALER, self.cloud_address, bind=False)
+        poller = zmq.Poller()
+        poller.register(front, zmq.POLLIN)
+        poller.register(back, zmq.POLLIN)
+        self.ready.set()
+        try:
+            while not self.stop.is_set():
+                now = time.monotonic()
+                while self._heap and self._heap[0][0] <= now:
+                    _, _, direction, payload = heapq.heappop(self._heap)
+                    if direction == UP:
+                        back.send(payload)
+                    elif self._edge is not None:
+                        front.send_multipart([self._edge, payload])
+                wait = 10 if not self._heap else max(0, min(10, int((self._heap[0][0] - now) * 1000)))
+                for socket, _ in poller.poll(wait):
+                    parts = socket.recv_multipart()
+                    if socket is front:
+                        self._edge = parts[0]
+                        self._schedule(UP, parts[-1], time.monotonic())
+                    else:
+                        self._schedule(DOWN, parts[-1], time.monotonic())
+        finally:
+            front.close(0)
+            back.close(0)
