@@ -60,11 +60,11 @@ class ServiceThread:
 
 
 @contextmanager
-def services(target, drafter, policy: EdgePolicy = EdgePolicy(), cloud_config: CloudConfig = CloudConfig(), link=None):
+def services(target, drafter, policy: EdgePolicy | None = None, cloud_config: CloudConfig | None = None, link=None):
     """(gateway, cloud, link) with the cloud and edge in threads; `link`: None, a LinkConfig, or a
     (LinkConfig, fault) pair that puts a link emulator between them."""
     cloud_address = free_address()
-    cloud = CloudVerifier(target, cloud_config)
+    cloud = CloudVerifier(target, cloud_config or CloudConfig())
     cloud_thread = ServiceThread(cloud, cloud_address).start()
     proxy = None
     edge_address = cloud_address
@@ -100,10 +100,10 @@ class Collector:
         return self.events[-1]
 
 
-def run_requests(gateway: EdgeGateway, prompts, max_new_tokens, sampling=wire.Sampling(), eps_req=0.0, timeout=120):
+def run_requests(gateway: EdgeGateway, prompts, max_new_tokens, sampling=None, eps_req=0.0, timeout=120):
     """Submit every prompt at once; wait for all; return their final events in order."""
     max_new_tokens = max_new_tokens if isinstance(max_new_tokens, list) else [max_new_tokens] * len(prompts)
-    samplings = sampling if isinstance(sampling, list) else [sampling] * len(prompts)
+    samplings = sampling if isinstance(sampling, list) else [sampling or wire.Sampling()] * len(prompts)
     collectors = []
     for prompt, limit, request_sampling in zip(prompts, max_new_tokens, samplings, strict=True):
         collector = Collector()

@@ -61,10 +61,10 @@ class CloudInfo:
 
 
 class EdgeGateway:
-    def __init__(self, drafter: Decoder, cloud_address: str, policy: EdgePolicy = EdgePolicy()):
+    def __init__(self, drafter: Decoder, cloud_address: str, policy: EdgePolicy | None = None):
         self.drafter = drafter
         self.cloud_address = cloud_address
-        self.policy = policy
+        self.policy = policy or EdgePolicy()
         self.inbox: queue.Queue = queue.Queue()
         self.waiting: deque[EdgeRequest] = deque()
         self.requests: dict[int, EdgeRequest] = {}

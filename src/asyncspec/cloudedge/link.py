@@ -55,10 +55,10 @@ class LinkRecord:
 
 
 class Link:
-    def __init__(self, front: str, cloud: str, config: LinkConfig = LinkConfig(), fault: Fault | None = None):
+    def __init__(self, front: str, cloud: str, config: LinkConfig | None = None, fault: Fault | None = None):
         self.front_address = front
         self.cloud_address = cloud
-        self.config = config
+        self.config = config or LinkConfig()
         self.fault = fault
         self.record = LinkRecord()
         self.stop = threading.Event()
