@@ -117,12 +117,13 @@ def run_requests(gateway: EdgeGateway, prompts, max_new_tokens, sampling=None, e
 
 def save_tiny(model, directory: Path) -> Path:
     """A tiny test model as a local transformers directory that `--model DIR` loads."""
-    from transformers import PreTrainedTokenizerFast
+    import json
 
     model.model.generation_config.eos_token_id = model.vocab_size - 1
     model.model.save_pretrained(directory)
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=model.tokenizer.backend, eos_token="<eos>")
-    tokenizer.save_pretrained(directory)
+    model.tokenizer.backend.save(str(directory / "tokenizer.json"))
+    config = {"tokenizer_class": "TokenizersBackend", "eos_token": "<eos>", "unk_token": "w0"}
+    (directory / "tokenizer_config.json").write_text(json.dumps(config))
     return directory
 
 
@@ -150,7 +151,25 @@ def wait_ready(process: subprocess.Popen, timeout: float = 120) -> str:
     raise AssertionError("no ready line")
 
 
-def model_pair(scale: float = 15.0, noise: float = 0.3, dtype=None):
+def tiny_qwen3(dtype, seed: int = 0):
+    """Like conftest.tiny_causal but a Qwen3: saved to a directory, its word-level tokenizer loads
+    back through AutoTokenizer (a saved Qwen2 gets transformers' Qwen2 BPE tokenizer forced on it)."""
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    from asyncspec.models.hf_causal import CausalLMBackend
+    from conftest import TINY_VOCAB, word_tokenizer
+
+    torch.manual_seed(seed)
+    config = Qwen3Config(
+        vocab_size=TINY_VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, max_position_embeddings=512, tie_word_embeddings=False,
+    )  # fmt: skip
+    model = Qwen3ForCausalLM(config).to(dtype)
+    return CausalLMBackend(model, word_tokenizer(), f"tiny-qwen3-{seed}", frozenset({TINY_VOCAB - 1}))
+
+
+def model_pair(scale: float = 15.0, noise: float = 0.3, dtype=None, family: str = "qwen2"):
     """(target, drafter): a tiny random Qwen2 whose output head is scaled (peaked, LM-like
     distributions instead of near-uniform ones) and a drafter that is the same model with a
     perturbed head — it agrees often but not always, so every verification path is exercised."""
@@ -159,7 +178,8 @@ def model_pair(scale: float = 15.0, noise: float = 0.3, dtype=None):
     from conftest import tiny_causal
 
     dtype = dtype or torch.float32
-    target, drafter = tiny_causal(dtype, 0), tiny_causal(dtype, 0)
+    build = tiny_causal if family == "qwen2" else tiny_qwen3
+    target, drafter = build(dtype, 0), build(dtype, 0)
     generator = torch.Generator().manual_seed(3)
     with torch.no_grad():
         target.model.lm_head.weight.mul_(scale)

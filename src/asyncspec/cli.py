@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from asyncspec.commands import serve
 from asyncspec.errors import InputError, ModelNotPreparedError
 
 EXIT_BAD_INPUT = 2
@@ -71,6 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
     ondevice.add_argument("--out", default="out", help="folder for the JSON and PNGs")
     _decoding_options(ondevice, "whisper-base", "whisper-tiny.en")
     ondevice.set_defaults(method="sd,specasr,as2d", json=False)
+    serve.add_commands(commands)
     return parser
 
 
@@ -99,6 +101,7 @@ def _dispatch(args: argparse.Namespace) -> int:
         args.methods = parse_methods(args.method)
 
     handlers = {"models": models.run, "transcribe": transcribe.run, "generate": generate.run, "demo": demo.run}
+    handlers |= {"serve": serve.run, "client": serve.run}
     if args.command == "bench":
         from asyncspec.benchmarks import methods as methods_bench
         from asyncspec.benchmarks import ondevice as ondevice_bench
