@@ -202,3 +202,12 @@ def test_sampled_decisions_are_not_redrawn_under_duplicates(sampling_pair):
         faulty = run_requests(gateway, prompts, 20, samplings)
         assert cloud.counters.answered_from_cache + cloud.counters.duplicate_in_queue > 0
     assert [r["tokens"] for r in faulty] == [r["tokens"] for r in clean]
+
+
+def test_a_full_cloud_queue_pushes_back_and_nothing_is_lost(greedy_pair):
+    target, drafter = greedy_pair
+    prompts, lengths = workload(12, seed=6)
+    with services(target, drafter, POLICY, CloudConfig(max_queue=1, batch_wait_s=0.01)) as (gateway, cloud, _):
+        results = run_requests(gateway, prompts, lengths)
+    assert cloud.counters.nacks["busy"] > 0
+    assert [r["tokens"] for r in results] == target_only(target, prompts, lengths)

@@ -43,6 +43,7 @@ class CloudConfig:
     batch_wait_s: float = 0.0  # wait up to this long for more blocks before a forward (0: form from what is queued)
     decision_cache: int = 65_536  # cached replies for duplicates and retransmissions
     first_k_cap: int = 4096  # largest top-K accepted in an Open
+    idle_request_s: float = 900.0  # a request not heard of this long (its edge is gone) is dropped
     poll_ms: int = 20
 
 
@@ -65,6 +66,7 @@ class CloudCounters:
     rejections: int = 0
     corrections: Counter = field(default_factory=Counter)  # kind -> queries answered
     pings: int = 0
+    idle_dropped: int = 0
     forward_s: float = 0.0
 
     def as_dict(self) -> dict:
@@ -93,6 +95,7 @@ class CloudRequest:
     state: DecoderState
     expected_root: int | None = None  # the cloud's own last token (greedy, bonus); None after an edge correction
     pending: PendingCorrection | None = None
+    touched: float = field(default_factory=time.monotonic)
 
 
 def derived_seed(*parts) -> int:
@@ -120,6 +123,7 @@ class CloudVerifier:
         self.counters = CloudCounters()
         self.traffic = TrafficCounters()
         self.channel: Channel | None = None
+        self._last_idle_check = time.monotonic()
 
     # ------------------------------------------------------------ service loop
 
@@ -137,8 +141,19 @@ class CloudVerifier:
                 if self.queue:
                     self._wait_for_more(poller)
                     self.run_batch()
+                self._drop_idle()
         finally:
             self.channel.close()
+
+    def _drop_idle(self) -> None:
+        now = time.monotonic()
+        if now - self._last_idle_check < 10:
+            return
+        self._last_idle_check = now
+        for request_id, request in list(self.requests.items()):
+            if now - request.touched > self.config.idle_request_s:
+                del self.requests[request_id]
+                self.counters.idle_dropped += 1
 
     def _drain(self, poller: zmq.Poller, limit: int = 10_000) -> None:
         for _ in range(limit):
@@ -162,6 +177,9 @@ class CloudVerifier:
             wire.Close: self._close,
             wire.Ping: self._ping,
         }
+        request = self.requests.get(wire.request_of(message))
+        if request is not None:
+            request.touched = time.monotonic()
         handler = handlers.get(type(message))
         if handler is None:  # a cloud->edge message sent to the cloud: not ours to act on
             self.counters.nacks["unexpected"] += 1
