@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from cloudedge_support import model_pair
-from conftest import tiny_causal
 
 from asyncspec.cloudedge import protocol as wire
 from asyncspec.cloudedge.cloud import CloudConfig, CloudVerifier
 from asyncspec.models.base import DecodeRequest
 from asyncspec.models.batched import extend_batch
+from cloudedge_support import model_pair
+from conftest import tiny_causal
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

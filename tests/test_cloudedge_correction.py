@@ -9,7 +9,7 @@ import torch
 from asyncspec.cloudedge.correction import Ask, CorrectionPolicy, CorrectionSession, Decided, FidelityBudget
 from asyncspec.verify import exact_recovery, residual, tv_certificate
 
-DRAWS = 12_000
+DRAWS = 8_000
 
 
 def noise_floor(law: torch.Tensor, draws: int = DRAWS) -> float:

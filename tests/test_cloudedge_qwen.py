@@ -1,16 +1,23 @@
 """The real pair through the services: Qwen2.5-Coder 0.5B at the edge, 1.5B at the cloud; greedy
-output equals target-only `generate` token for token (slow: minutes of CPU decoding)."""
+output equals target-only `generate` token for token (slow: minutes of CPU decoding).
+
+fp32: in bf16 the first prompt has a near-tie at output position 10 (" " 18.21 vs "   " 18.16 in a
+width-1 call) that a width-6 call flips even without batching (18.18 vs 18.17), as DESIGN's
+invariant 1 describes; bf16 runs report such mismatches rather than hide them."""
 
 from __future__ import annotations
 
 import pytest
-from cloudedge_support import run_requests, services
-from conftest import requires_qwen_pair
 
 from asyncspec.cloudedge.policy import EdgePolicy
 from asyncspec.decoding.target_only import decode_target_only
+from cloudedge_support import run_requests, services
+from conftest import requires_qwen_pair
 
-PROMPTS = ["def fibonacci(n):", 'def is_palindrome(s: str) -> bool:\n    """Return True if s reads the same backwards."""\n']
+PROMPTS = [
+    "def fibonacci(n):",
+    'def is_palindrome(s: str) -> bool:\n    """Return True if s reads the same backwards."""\n',
+]
 MAX_NEW_TOKENS = 32
 
 
@@ -19,8 +26,8 @@ MAX_NEW_TOKENS = 32
 def test_qwen_pair_through_the_services_equals_generate():
     from asyncspec.models.registry import load_decoder
 
-    target = load_decoder("qwen2.5-coder-1.5b", "bf16")
-    drafter = load_decoder("qwen2.5-coder-0.5b", "bf16")
+    target = load_decoder("qwen2.5-coder-1.5b", "fp32")
+    drafter = load_decoder("qwen2.5-coder-0.5b", "fp32")
     requests = [target.request(p, max_new_tokens=MAX_NEW_TOKENS) for p in PROMPTS]
     expected = [decode_target_only(target, None, r).tokens for r in requests]
     policy = EdgePolicy(block_size=6, dead_after_s=120, give_up_s=600)
