@@ -9,7 +9,7 @@ import torch
 from asyncspec.cloudedge.correction import Ask, CorrectionPolicy, CorrectionSession, Decided, FidelityBudget
 from asyncspec.verify import exact_recovery, residual, tv_certificate
 
-DRAWS = 8_000
+DRAWS = 6_000
 
 
 def noise_floor(law: torch.Tensor, draws: int = DRAWS) -> float:
@@ -46,9 +46,9 @@ def bounded_case() -> tuple[torch.Tensor, torch.Tensor]:
     return p, q
 
 
-def run_session(p, q, eps_req, generator, policy=POLICY, naive_coverage=None) -> Decided:
+def run_session(p, q, eps_req, generator, policy=POLICY, naive_coverage=None, order=None) -> Decided:
     """Drive one session against a cloud that knows p exactly (order: descending p, stable)."""
-    order = torch.argsort(p, descending=True, stable=True).tolist()
+    order = order or torch.argsort(p, descending=True, stable=True).tolist()
     session = CorrectionSession(q, FidelityBudget(eps_req), policy, generator)
     k = policy.k_schedule[0]
     step = session.first(order[:k], p[order[:k]], float(p[order[k:]].double().sum()))
@@ -70,7 +70,8 @@ def run_session(p, q, eps_req, generator, policy=POLICY, naive_coverage=None) ->
 def emitted(p, q, eps_req, **kwargs) -> tuple[torch.Tensor, list[Decided]]:
     generator = torch.Generator().manual_seed(99)
     counts = torch.zeros(p.numel())
-    decisions = [run_session(p, q, eps_req, generator, **kwargs) for _ in range(DRAWS)]
+    order = torch.argsort(p, descending=True, stable=True).tolist()
+    decisions = [run_session(p, q, eps_req, generator, order=order, **kwargs) for _ in range(DRAWS)]
     for decided in decisions:
         counts[decided.token] += 1
     return counts / DRAWS, decisions

@@ -170,3 +170,19 @@ def test_edge_without_cloud_fails_requests_with_a_clear_error(pair_dirs):
     finally:
         edge.close()
     assert result["type"] == "error" and "did not answer" in result["message"]
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["serve", "edge", "--k-schedule", "64,16"],
+        ["serve", "edge", "--k-schedule", "a,b"],
+        ["serve", "cloud", "--model", "no-such-model"],
+        ["client", "--prompt", "   "],
+    ],
+)
+def test_bad_service_input_exits_2(argv, capsys):
+    from asyncspec.cli import main
+
+    assert main(argv) == 2
+    assert "asyncspec: error:" in capsys.readouterr().err

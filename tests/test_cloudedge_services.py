@@ -120,7 +120,7 @@ def modes(results) -> dict:
 
 
 def test_zero_budget_sampling_follows_the_target_distribution(sampling_pair):
-    draws = 1500
+    draws = 1000
     law, results = sample_first_tokens(sampling_pair, 0.0, draws)
     p = first_token_law(sampling_pair[0])
     assert 0.5 * (law - p).abs().sum().item() < noise_floor(p, draws)
@@ -130,7 +130,7 @@ def test_zero_budget_sampling_follows_the_target_distribution(sampling_pair):
 
 
 def test_bounded_sampling_stays_within_the_certified_budget(sampling_pair):
-    draws = 1500
+    draws = 1000
     eps_req = 0.05
     law, results = sample_first_tokens(sampling_pair, eps_req, draws)
     p = first_token_law(sampling_pair[0])
