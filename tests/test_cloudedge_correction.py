@@ -13,10 +13,11 @@ DRAWS = 6_000
 
 
 def noise_floor(law: torch.Tensor, draws: int = DRAWS) -> float:
-    """Twice the expected TV between a law and its empirical distribution from `draws` samples:
-    E|count_i/N - p_i| ~ sqrt(2 p_i (1 - p_i) / (pi N)), halved and summed."""
+    """Four times the expected TV between a law and its empirical distribution from `draws`
+    samples: E|count_i/N - p_i| ~ sqrt(2 p_i (1 - p_i) / (pi N)), halved and summed. For a
+    two-token law that is ~3.2 standard deviations; laws with more tokens concentrate more."""
     law = law.double()
-    return 2 * 0.5 * float(torch.sqrt(2 * law * (1 - law) / (torch.pi * draws)).sum())
+    return 4 * 0.5 * float(torch.sqrt(2 * law * (1 - law) / (torch.pi * draws)).sum())
 
 
 POLICY = CorrectionPolicy(k_schedule=(4, 8, 16), proposals=8)

@@ -229,9 +229,10 @@ class CloudVerifier:
             self._nack(identity, message.request, len(tokens) + 1, "invalid")
             return
         self.counters.opens += 1
-        self._forget_replies(message.request)
-        if existing is not None and self._rewind(existing, message, tokens):
-            return
+        if existing is not None:  # a resynchronisation: the open block will be verified afresh
+            self._forget_replies(message.request)
+            if self._rewind(existing, message, tokens):
+                return
         state = self.target.prefill(DecodeRequest(tuple(tokens))) if tokens else empty_state(self.target)
         self.requests[message.request] = CloudRequest(
             message.prompt_len, message.sampling, message.first_k, message.epoch, state

@@ -277,7 +277,8 @@ class EdgeGateway:
             if block is not None:  # a duplicate verdict of the open block
                 self.counters.stale_replies += 1
             return
-        if not 0 <= verdict.accepted <= len(block.candidates):
+        rejected = verdict.token < 0
+        if not 0 <= verdict.accepted <= len(block.candidates) - rejected:
             self._fail(request, "the cloud sent an impossible verdict")
             return
         block.accepted = verdict.accepted
