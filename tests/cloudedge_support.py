@@ -213,3 +213,50 @@ def open_block_violations(frames) -> list[str]:
             if request in last and last[request][0] == message.id.base:
                 last[request] = (message.id.base, message.id.base + message.accepted + 1)
     return problems
+
+
+def head_agrees_tail_residual(p):  # p: float32 [V] -> q: float32 [V]
+    """A draft law that matches p on p's top 8 up to 1 %, puts p's tail (beyond rank 10) at 5 %, and
+    gives the freed mass to ranks 9-10: the residual [p - q]+ lies almost entirely in p's tail,
+    where a top-8 support does not reach (seed 002 §IV-B2)."""
+    import torch
+
+    order = torch.argsort(p, descending=True)
+    head, boosted, tail = order[:8], order[8:10], order[10:]
+    q = p.clone()
+    q[head] *= 0.99
+    q[tail] *= 0.05
+    q[boosted] += (1 - q.sum()) / 2
+    return q
+
+
+class ShapedDrafter:
+    """A real model whose next-token law is reshaped row by row (temperature 1): the edge drafts
+    from it and keeps it as Q_i exactly as from any drafter."""
+
+    def __init__(self, base, shape):
+        self.base, self.shape = base, shape
+        self.name, self.tokenizer, self.eos_ids = f"shaped-{base.name}", base.tokenizer, base.eos_ids
+        self.vocab_size, self.max_length = base.vocab_size, base.max_length
+
+    def _logits(self, logits):
+        import torch
+
+        rows = [torch.log(self.shape(torch.softmax(row, dim=-1))) for row in logits.reshape(-1, logits.shape[-1])]
+        return torch.stack(rows).reshape(logits.shape)
+
+    def prefill(self, request):
+        state = self.base.prefill(request)
+        state.next_logits = self._logits(state.next_logits)
+        return state
+
+    def extend(self, state, tokens):
+        logits = self._logits(self.base.extend(state, tokens))
+        state.next_logits = logits[-1]
+        return logits
+
+    def rollback(self, state, length):
+        self.base.rollback(state, length)
+
+    def greedy(self, logits):
+        return self.base.greedy(logits)

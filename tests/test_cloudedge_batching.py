@@ -44,9 +44,11 @@ class RecordingChannel:
 
     def __init__(self):
         self.sent: list[wire.Message] = []
+        self.to: list[bytes] = []
 
     def send_frame(self, frame, message, identity=None):
         self.sent.append(wire.decode(frame))
+        self.to.append(identity)
         return len(frame)
 
 
@@ -99,3 +101,17 @@ def test_batched_verification_decides_like_one_request_at_a_time(sampling):
     assert alone_counters.largest_batch == 1 and batched_counters.largest_batch == 8
     assert batched == alone
     assert any(accepted > 0 for _, _, accepted, _ in batched) and any(accepted < 5 for _, _, accepted, _ in batched)
+
+
+def test_a_queued_block_is_answered_to_the_edges_newest_socket():
+    """An edge that reconnects (new ZeroMQ identity) and resubmits a block still queued at the
+    cloud gets the answer on its new socket; the resubmission is not verified twice."""
+    target, _ = model_pair(noise=0.05)
+    cloud = CloudVerifier(target, CloudConfig())
+    cloud.channel = RecordingChannel()
+    cloud.handle(b"old", wire.Open(1, wire.pack_ids([3, 4]), 3, 0.0, 0, 4, 0))
+    block = wire.Block(wire.BlockId(1, 3, 2, wire.Sampling().digest()), 5, wire.pack_ids([6, 7]), b"")
+    cloud.handle(b"old", block)
+    cloud.handle(b"new", block)
+    cloud.run_batch()
+    assert cloud.channel.to == [b"new"] and cloud.counters.duplicate_in_queue == 1

@@ -211,3 +211,63 @@ def test_a_full_cloud_queue_pushes_back_and_nothing_is_lost(greedy_pair):
         results = run_requests(gateway, prompts, lengths)
     assert cloud.counters.nacks["busy"] > 0
     assert [r["tokens"] for r in results] == target_only(target, prompts, lengths)
+
+
+def test_head_agrees_tail_residual_through_the_services(sampling_pair):
+    """p and q agree on p's top 8 (its head) while the residual lies in the tail: the top-8
+    certificate is loose although coverage is high, so the edge expands K or goes exact; the
+    corrections land in the head only as often as the exact residual says (Z_S / Z), where
+    trusting top-8 coverage would put every correction there."""
+    from asyncspec.verify import tv_certificate
+    from cloudedge_support import ShapedDrafter, head_agrees_tail_residual
+
+    target, _ = sampling_pair
+    p = first_token_law(target)
+    q = head_agrees_tail_residual(p)
+    head = torch.argsort(p, descending=True)[:8]
+    coverage = float(p[head].sum())
+    z_head, eps_top8 = tv_certificate(p[head], q[head], 1 - coverage)
+    assert coverage > 0.75 and eps_top8 > 0.5  # high coverage, loose certificate
+    eps_req, draws = 0.05, 1500
+    policy = EdgePolicy(block_size=1, correction=CorrectionPolicy(k_schedule=(8, 16, 32), proposals=16))
+    samplings = [wire.Sampling(1.0, seed) for seed in range(draws)]
+    with services(target, ShapedDrafter(target, head_agrees_tail_residual), policy) as (gateway, _, _):
+        results = run_requests(gateway, [PROMPT] * draws, 2, samplings, eps_req=eps_req, timeout=300)
+    corrected = [r for r in results if r["stats"]["drafted"] and r["stats"]["accepted"] == 0]
+    in_head = sum(r["tokens"][0] in set(head.tolist()) for r in corrected) / len(corrected)
+    z_total = float(torch.clamp(p - q, min=0).sum())
+    expected = z_head / z_total  # the exact residual's mass on the head
+    sigma = (expected * (1 - expected) / len(corrected)) ** 0.5
+    assert len(corrected) > 50
+    assert abs(in_head - expected) <= 4 * sigma + eps_req
+    assert all(r["stats"]["corrections"]["eps_charged"] <= eps_req for r in results)
+    assert not any(r["stats"]["corrections"]["topk"].get("8") for r in results)  # top-8 was never trusted
+    law = torch.zeros(target.vocab_size)
+    for result in results:
+        law[result["tokens"][0]] += 1 / draws
+    assert 0.5 * (law - p).abs().sum().item() <= eps_req + noise_floor(p, draws)
+
+
+def _drop_first_verdicts():
+    """Drop every Verdict the first time it crosses the link (a lost frame; the cloud stays alive)."""
+    seen: set[bytes] = set()
+
+    def fault(direction, frame, now):
+        if direction == "down" and frame[1:2] == bytes([wire.Verdict.code]) and frame not in seen:
+            seen.add(frame)
+            return []
+        return [(0.0, frame)]
+
+    return fault
+
+
+def test_lost_verdicts_are_recovered_by_retransmission(greedy_pair):
+    """The cloud stays alive (pongs flow), but every first verdict is lost: the edge resends the
+    unanswered block after dead_after_s and the cloud answers it from its decision cache."""
+    target, drafter = greedy_pair
+    prompts, lengths = workload(8, seed=8)
+    policy = EdgePolicy(block_size=4, dead_after_s=0.2, heartbeat_s=0.05, give_up_s=60)
+    with services(target, drafter, policy, link=(LinkConfig(), _drop_first_verdicts())) as (gateway, cloud, _):
+        results = run_requests(gateway, prompts, lengths, timeout=120)
+    assert [r["tokens"] for r in results] == target_only(target, prompts, lengths)
+    assert gateway.counters.resubmitted_blocks > 0 and cloud.counters.answered_from_cache > 0

@@ -119,6 +119,7 @@ class CloudVerifier:
         self.requests: dict[int, CloudRequest] = {}
         self.queue: deque[tuple[bytes, wire.Block]] = deque()
         self.queued: set[tuple[int, int]] = set()
+        self.reply_to: dict[tuple[int, int], bytes] = {}  # newest identity a queued block came from
         self.replies: OrderedDict[tuple, tuple[bytes, wire.Message]] = OrderedDict()
         self.counters = CloudCounters()
         self.traffic = TrafficCounters()
@@ -267,6 +268,7 @@ class CloudVerifier:
             return
         if key in self.queued:
             self.counters.duplicate_in_queue += 1
+            self.reply_to[key] = identity  # the edge may have reconnected: answer its newest socket
             return
         if len(self.queue) >= self.config.max_queue:
             self._nack(identity, block.id.request, block.id.base, "busy")
@@ -301,6 +303,7 @@ class CloudVerifier:
         while self.queue and len(batch) < self.config.max_batch:
             identity, block = self.queue.popleft()
             self.queued.discard(block.id.key())
+            identity = self.reply_to.pop(block.id.key(), identity)
             if block.id.request in requests:  # never two blocks of one request in a forward
                 deferred.append((identity, block))
                 continue

@@ -76,7 +76,10 @@ class EdgeGateway:
         self.context = zmq.Context.instance()
         self.last_heard = time.monotonic()
         self.last_ping = 0.0
-        self.last_resubmit = time.monotonic()
+        # the first ping not yet followed by any message from the cloud; the cloud is judged by
+        # how long that ping stays unanswered *after the socket was drained*, so an edge that was
+        # itself busy (drafting, admitting many requests) does not mistake its own pause for a dead cloud
+        self.unanswered_since: float | None = None
         self.next_id = (int(time.time() * 1000) & 0xFFFFFF) << 20  # unique across edge restarts
         self.id_lock = threading.Lock()
         self.fatal: str | None = None
@@ -132,7 +135,7 @@ class EdgeGateway:
         if client is not None and client.socket in events:
             client.drain(self)
         self._liveness()
-        self._retry_busy()
+        self._retransmit()
         if self._can_draft():
             self._draft_next()
 
@@ -149,6 +152,7 @@ class EdgeGateway:
             if received is None:
                 continue
             self.last_heard = time.monotonic()
+            self.unanswered_since = None
             self._handle(received[1])
 
     def _send(self, message: wire.Message, request: EdgeRequest | None = None) -> None:
@@ -282,6 +286,7 @@ class EdgeGateway:
             self._fail(request, "the cloud sent an impossible verdict")
             return
         block.accepted = verdict.accepted
+        block.sent_at = time.monotonic()
         if verdict.token >= 0:
             self._settle(request, block, verdict.token)
             return
@@ -328,6 +333,7 @@ class EdgeGateway:
             self._settle(request, block, step.token)
             return
         block.asked = step
+        block.sent_at = time.monotonic()
         request.stats.corrections.queries += 1
         self._send(wire.CorrectionQuery(block.id, step.kind, step.start, step.stop), request)
 
@@ -408,43 +414,60 @@ class EdgeGateway:
         block = request.open
         if block is not None:
             block.accepted, block.session, block.asked, block.retry_at = None, None, None, None
+            block.sent_at = time.monotonic()
             request.stats.resubmits += 1
             self.counters.resubmitted_blocks += 1
             self._send(block.message, request)
 
     def _resubmit_all(self) -> None:
-        self.last_resubmit = time.monotonic()
         for request in list(self.requests.values()):
             self._resync(request)
 
+    def _ping(self, now: float) -> None:
+        self.last_ping = now
+        self._send(wire.Ping(now))
+        if self.unanswered_since is None:
+            self.unanswered_since = now
+
     def _liveness(self) -> None:
+        """Called right after the socket was drained: an unanswered ping is real silence."""
         now = time.monotonic()
         if now - self.last_ping >= self.policy.heartbeat_s:
-            self.last_ping = now
-            self._send(wire.Ping(now))
-        outstanding = bool(self.requests) or bool(self.waiting)
-        silence = now - self.last_heard
-        if not outstanding:
+            self._ping(now)
+        if not (self.requests or self.waiting) or self.unanswered_since is None:
             return
-        if silence > self.policy.give_up_s:
-            reason = f"the cloud at {self.cloud_address} did not answer for {silence:.0f} s"
+        silence = now - self.unanswered_since
+        if now - self.last_heard > self.policy.give_up_s and silence > self.policy.dead_after_s:
+            reason = f"the cloud at {self.cloud_address} did not answer for {now - self.last_heard:.0f} s"
             for request in list(self.requests.values()) + list(self.waiting):
                 self._fail(request, reason)
             self.waiting.clear()
             return
-        if silence > self.policy.dead_after_s and now - self.last_resubmit > self.policy.dead_after_s:
+        if silence > self.policy.dead_after_s:
             self.counters.cloud_lost += 1
             self._connect()  # a fresh socket: nothing queued for a dead peer survives
-            self._send(wire.Ping(now))
+            self.unanswered_since = None
+            self._ping(now)
             self._resubmit_all()
 
-    def _retry_busy(self) -> None:
+    def _retransmit(self) -> None:
+        """Resend what a live cloud has not answered: a block after a busy back-off, or any block
+        or correction query unanswered for dead_after_s (a lost frame; idempotent by block id)."""
         now = time.monotonic()
         for request in self.requests.values():
             block = request.open
-            if block is not None and block.retry_at is not None and now >= block.retry_at:
-                block.retry_at = None
-                request.stats.resubmits += 1
+            if block is None:
+                continue
+            busy_over = block.retry_at is not None and now >= block.retry_at
+            if not busy_over and now - block.sent_at <= self.policy.dead_after_s:
+                continue
+            block.retry_at, block.sent_at = None, now
+            request.stats.resubmits += 1
+            self.counters.resubmitted_blocks += 1
+            if block.asked is not None:
+                asked = block.asked
+                self._send(wire.CorrectionQuery(block.id, asked.kind, asked.start, asked.stop), request)
+            elif block.accepted is None:
                 self._send(block.message, request)
 
     def summary(self) -> dict:
