@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from asyncspec.commands import link as link_command
+from asyncspec.commands import serve
 from asyncspec.errors import InputError, ModelNotPreparedError
 from asyncspec.profiling.deployed import CATALOG
 
@@ -84,6 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
     for add in (add_profile, add_replay, add_select_budget):
         add(commands)
     link_command.add_parser(commands)
+    serve.add_commands(commands)
     return parser
 
 
@@ -127,6 +129,8 @@ def _dispatch(args: argparse.Namespace) -> int:
         "profile": profile.run,
         "replay": replay.run,
         "select-budget": select_budget.run,
+        "serve": serve.run,
+        "client": serve.run,
     }
     if args.command == "bench":
         from asyncspec.benchmarks import methods as methods_bench

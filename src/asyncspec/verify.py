@@ -67,3 +67,36 @@ def speculative_accept(
 def probabilities(logits: torch.Tensor, temperature: float) -> torch.Tensor:
     """softmax(logits / T) over the last axis, float32; suppressed (-inf) entries get 0."""
     return torch.softmax(logits.float() / temperature, dim=-1)
+
+
+def tv_certificate(
+    support_p: torch.Tensor,  # [K] target probabilities of the returned support S
+    support_q: torch.Tensor,  # [K] draft probabilities of the same tokens
+    tail: float,  # delta_p = target mass outside S
+) -> tuple[float, float]:  # (Z_S, eps_bar)
+    """Seed 002 §IV-B2: sampling the residual truncated to S, a_v / Z_S with a_v = [p(v) - q(v)]+,
+    is within eps_bar = delta_p / (Z_S + delta_p) of the exact residual in TV, because the
+    omitted residual mass Z_tail <= delta_p. Target coverage alone is no bound: p and q may agree
+    on the head while [p - q]+ lies in the tail (then Z_S ~ 0 and eps_bar ~ 1).
+    Growing S never raises delta_p nor lowers Z_S, so the bound only tightens."""
+    z_support = float(torch.clamp(support_p.double() - support_q.double(), min=0.0).sum())
+    tail = max(float(tail), 0.0)
+    if tail == 0.0:
+        return z_support, 0.0
+    return z_support, tail / (z_support + tail)
+
+
+def exact_recovery(
+    proposals: Sequence[int],  # [N] tokens drawn i.i.d. from the target p
+    p: torch.Tensor,  # [N] p(v) of each proposal
+    q: torch.Tensor,  # [N] q(v) of each proposal
+    uniforms: torch.Tensor,  # [N] U(0, 1)
+) -> int | None:
+    """Seed 002 §IV-B3: accept proposal v with b(v) = [1 - q(v)/p(v)]+, so P(v, accepted) =
+    [p(v) - q(v)]+; the first accepted proposal is an exact draw from the residual. None when
+    no proposal is accepted (the caller then falls back to the full distribution, still exact)."""
+    for token, pv, qv, u in zip(proposals, p.tolist(), q.tolist(), uniforms.tolist(), strict=True):
+        accept = max(1.0 - qv / pv, 0.0) if pv > 0 else 0.0
+        if u < accept:
+            return int(token)
+    return None

@@ -1,0 +1,138 @@
+"""Clients of the edge: the edge's client-facing ROUTER socket (`ClientFront`) and the Python
+client (`EdgeClient`) that `asyncspec client` uses."""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import zmq
+
+from asyncspec.cloudedge import protocol as wire
+from asyncspec.cloudedge.transport import Channel, TrafficCounters, make_socket
+
+
+class IncrementalText:
+    """Detokenise a growing token list, emitting only complete characters."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self.ids: list[int] = []
+        self.sent = 0
+
+    def add(self, token: int) -> str:
+        self.ids.append(token)
+        text = self.tokenizer.decode(self.ids)
+        if text.endswith("\ufffd"):  # a multi-byte character split across tokens: wait for the rest
+            return ""
+        piece, self.sent = text[self.sent :], len(text)
+        return piece
+
+    def text(self) -> str:
+        return self.tokenizer.decode(self.ids)
+
+
+class ClientFront:
+    """Runs inside the edge's loop thread (same thread as the socket)."""
+
+    def __init__(self, address: str, tokenizer, context: zmq.Context | None = None):
+        context = context or zmq.Context.instance()
+        self.channel = Channel(make_socket(context, zmq.ROUTER, address, bind=True), TrafficCounters())
+        self.socket = self.channel.socket
+        self.tokenizer = tokenizer
+
+    def drain(self, gateway, limit: int = 1000) -> None:
+        for _ in range(limit):
+            if not self.socket.poll(0):
+                return
+            received = self.channel.receive()
+            if received is not None and isinstance(received[1], wire.Generate):
+                self._generate(gateway, received[0], received[1])
+
+    def _generate(self, gateway, identity: bytes, message: wire.Generate) -> None:
+        try:
+            ids = self.tokenizer.encode(message.prompt)
+            text = IncrementalText(self.tokenizer)
+            sampling = wire.Sampling(wire.f32(message.temperature), message.seed)
+
+            def emit(event: dict) -> None:
+                if event["type"] == "token":
+                    piece = text.add(event["token"])
+                    self.channel.send(wire.Token(message.tag, event["token"], piece), identity)
+                elif event["type"] == "done":
+                    done = wire.Done(
+                        message.tag, text.text(), wire.pack_ids(event["tokens"]), event["finish_reason"], event["stats"]
+                    )
+                    self.channel.send(done, identity)
+                else:
+                    self.channel.send(wire.Failed(message.tag, event["message"]), identity)
+
+            gateway.submit(ids, message.max_new_tokens, sampling, message.eps_req, emit)
+        except ValueError as error:
+            self.channel.send(wire.Failed(message.tag, str(error)), identity)
+
+    def close(self) -> None:
+        self.channel.close()
+
+
+class EdgeError(RuntimeError):
+    """The edge or the cloud could not complete a request."""
+
+
+@dataclass
+class Completion:
+    text: str
+    tokens: list[int]
+    finish_reason: str
+    stats: dict = field(default_factory=dict)
+
+
+class EdgeClient:
+    """`with EdgeClient("tcp://127.0.0.1:5556") as c: c.generate("def f(x):", max_new_tokens=32)`."""
+
+    def __init__(self, address: str, timeout_s: float = 600.0):
+        self.context = zmq.Context.instance()
+        self.channel = Channel(make_socket(self.context, zmq.DEALER, address, bind=False))
+        self.timeout_s = timeout_s
+        self.tags = itertools.count(1)
+
+    def stream(
+        self, prompt: str, max_new_tokens: int = 128, temperature: float = 0.0, seed: int = 0, eps_req: float = 0.0
+    ) -> Iterator[str | Completion]:
+        """Yields text pieces as tokens are committed, then the Completion."""
+        tag = next(self.tags)
+        self.channel.send(wire.Generate(tag, prompt, max_new_tokens, float(temperature), seed, float(eps_req)))
+        deadline = time.monotonic() + self.timeout_s
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or not self.channel.socket.poll(int(remaining * 1000)):
+                raise TimeoutError(f"no answer from the edge within {self.timeout_s:.0f} s")
+            received = self.channel.receive()
+            if received is None or getattr(received[1], "tag", None) != tag:
+                continue
+            message = received[1]
+            if isinstance(message, wire.Token):
+                deadline = time.monotonic() + self.timeout_s
+                yield message.text
+            elif isinstance(message, wire.Done):
+                yield Completion(message.text, wire.unpack_ids(message.tokens), message.finish_reason, message.stats)
+                return
+            elif isinstance(message, wire.Failed):
+                raise EdgeError(message.message)
+
+    def generate(self, prompt: str, **options) -> Completion:
+        for item in self.stream(prompt, **options):
+            if isinstance(item, Completion):
+                return item
+        raise EdgeError("the stream ended without a result")
+
+    def close(self) -> None:
+        self.channel.close()
+
+    def __enter__(self) -> EdgeClient:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -1,0 +1,415 @@
+"""The cloud verifier: holds the target and every open request's KV; verifies queued blocks of
+many requests in one batched forward (seed 002 §IV-C2) and answers each block.
+
+Loop: drain the ROUTER socket (Open / Block / CorrectionQuery / Close / Ping) -> blocks go to one
+global queue regardless of how they arrived -> `run_batch` takes up to `max_batch` of them (one
+per request), checks each against its request's confirmed prefix, extends all their KV states in
+one forward (`models.batched.extend_batch`), decides, crops the rejected positions, replies.
+
+Idempotence: every reply is cached under its block id (and correction range); a duplicate or
+late retransmission is answered from the cache byte for byte — nothing is sampled twice. The
+acceptance uniforms, bonus draws and recovery proposals come from generators seeded by the
+request's seed and the block's position, so even a restarted cloud re-derives the same random
+outcomes, and a seeded request is reproducible (like target-only sampling with that seed).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import time
+from collections import Counter, OrderedDict, deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+import zmq
+from transformers import DynamicCache
+
+from asyncspec.cloudedge import protocol as wire
+from asyncspec.cloudedge.transport import Channel, TrafficCounters, make_socket
+from asyncspec.models.base import DecodeRequest, DecoderState
+from asyncspec.models.batched import extend_batch
+from asyncspec.models.hf_causal import CausalLMBackend
+from asyncspec.verify import greedy_verify, probabilities, speculative_accept
+
+MAX_PROPOSALS = 4096
+
+
+@dataclass(frozen=True)
+class CloudConfig:
+    max_batch: int = 32  # blocks per target forward
+    max_queue: int = 1024  # queued blocks before new ones get Nack("busy")
+    batch_wait_s: float = 0.0  # wait up to this long for more blocks before a forward (0: form from what is queued)
+    decision_cache: int = 65_536  # cached replies for duplicates and retransmissions
+    first_k_cap: int = 4096  # largest top-K accepted in an Open
+    idle_request_s: float = 900.0  # a request not heard of this long (its edge is gone) is dropped
+    poll_ms: int = 20
+
+
+@dataclass
+class CloudCounters:
+    opens: int = 0
+    stale_opens: int = 0
+    rewinds: int = 0  # resynchronisations served by cropping the KV it already had
+    closes: int = 0
+    blocks: int = 0
+    answered_from_cache: int = 0  # duplicates / retransmissions of decided blocks
+    duplicate_in_queue: int = 0
+    nacks: Counter = field(default_factory=Counter)  # reason -> count
+    batches: int = 0
+    batched_blocks: int = 0
+    largest_batch: int = 0
+    batch_sizes: Counter = field(default_factory=Counter)
+    positions_verified: int = 0
+    accepted: int = 0
+    rejections: int = 0
+    corrections: Counter = field(default_factory=Counter)  # kind -> queries answered
+    pings: int = 0
+    idle_dropped: int = 0
+    forward_s: float = 0.0
+
+    def as_dict(self) -> dict:
+        out = dict(self.__dict__)
+        out["nacks"] = dict(self.nacks)
+        out["batch_sizes"] = {str(k): v for k, v in sorted(self.batch_sizes.items())}
+        out["corrections"] = dict(self.corrections)
+        return out
+
+
+@dataclass
+class PendingCorrection:
+    """The target distribution at a sampled rejection, kept until the correction is settled."""
+
+    id: wire.BlockId
+    p: torch.Tensor  # float32 [V]
+    order: torch.Tensor  # [V] token ids by descending p (stable): one ordered support for every K
+
+
+@dataclass
+class CloudRequest:
+    prompt_len: int
+    sampling: wire.Sampling
+    first_k: int
+    epoch: int
+    state: DecoderState
+    expected_root: int | None = None  # the cloud's own last token (greedy, bonus); None after an edge correction
+    pending: PendingCorrection | None = None
+    touched: float = field(default_factory=time.monotonic)
+
+
+def derived_seed(*parts) -> int:
+    digest = hashlib.blake2b(repr(parts).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1
+
+
+def seeded(*parts) -> torch.Generator:
+    return torch.Generator().manual_seed(derived_seed(*parts))
+
+
+def empty_state(target: CausalLMBackend) -> DecoderState:
+    return DecoderState(tokens=[], prompt_len=0, cache=DynamicCache(config=target.model.config), next_logits=None)
+
+
+class CloudVerifier:
+    def __init__(self, target: CausalLMBackend, config: CloudConfig = CloudConfig()):
+        self.target = target
+        self.config = config
+        self.instance = random.getrandbits(31)
+        self.requests: dict[int, CloudRequest] = {}
+        self.queue: deque[tuple[bytes, wire.Block]] = deque()
+        self.queued: set[tuple[int, int]] = set()
+        self.reply_to: dict[tuple[int, int], bytes] = {}  # newest identity a queued block came from
+        self.replies: OrderedDict[tuple, tuple[bytes, wire.Message]] = OrderedDict()
+        self.counters = CloudCounters()
+        self.traffic = TrafficCounters()
+        self.channel: Channel | None = None
+        self._last_idle_check = time.monotonic()
+
+    # ------------------------------------------------------------ service loop
+
+    def serve(self, address: str, should_stop: Callable[[], bool], on_ready: Callable[[], None] = lambda: None) -> None:
+        context = zmq.Context.instance()
+        self.channel = Channel(make_socket(context, zmq.ROUTER, address, bind=True), self.traffic)
+        poller = zmq.Poller()
+        poller.register(self.channel.socket, zmq.POLLIN)
+        on_ready()
+        try:
+            while not should_stop():
+                timeout = 0 if self.queue else self.config.poll_ms
+                if poller.poll(timeout):
+                    self._drain(poller)
+                if self.queue:
+                    self._wait_for_more(poller)
+                    self.run_batch()
+                self._drop_idle()
+        finally:
+            self.channel.close()
+
+    def _drop_idle(self) -> None:
+        now = time.monotonic()
+        if now - self._last_idle_check < 10:
+            return
+        self._last_idle_check = now
+        for request_id, request in list(self.requests.items()):
+            if now - request.touched > self.config.idle_request_s:
+                del self.requests[request_id]
+                self.counters.idle_dropped += 1
+
+    def _drain(self, poller: zmq.Poller, limit: int = 10_000) -> None:
+        for _ in range(limit):
+            if not poller.poll(0):
+                return
+            received = self.channel.receive()
+            if received is not None:
+                self.handle(*received)
+
+    def _wait_for_more(self, poller: zmq.Poller) -> None:
+        deadline = time.monotonic() + self.config.batch_wait_s
+        while len(self.queue) < self.config.max_batch and time.monotonic() < deadline:
+            if poller.poll(max(1, int((deadline - time.monotonic()) * 1000))):
+                self._drain(poller)
+
+    def handle(self, identity: bytes, message: wire.Message) -> None:
+        handlers = {
+            wire.Block: self._admit,
+            wire.Open: self._open,
+            wire.CorrectionQuery: self._correct,
+            wire.Close: self._close,
+            wire.Ping: self._ping,
+        }
+        request = self.requests.get(wire.request_of(message))
+        if request is not None:
+            request.touched = time.monotonic()
+        handler = handlers.get(type(message))
+        if handler is None:  # a cloud->edge message sent to the cloud: not ours to act on
+            self.counters.nacks["unexpected"] += 1
+            return
+        handler(identity, message)
+
+    def _send(self, identity: bytes, message: wire.Message, cache_key: tuple | None = None) -> None:
+        frame = wire.encode(message)
+        if cache_key is not None:
+            self.replies[cache_key] = (frame, message)
+            while len(self.replies) > self.config.decision_cache:
+                self.replies.popitem(last=False)
+        self.channel.send_frame(frame, message, identity)
+
+    def _nack(self, identity: bytes, request: int, base: int, reason: str) -> None:
+        self.counters.nacks[reason] += 1
+        self._send(identity, wire.Nack(request, base, reason))
+
+    def _resend_cached(self, identity: bytes, key: tuple) -> bool:
+        if key not in self.replies:
+            return False
+        frame, message = self.replies[key]
+        self.counters.answered_from_cache += 1
+        self.channel.send_frame(frame, message, identity)
+        return True
+
+    # ------------------------------------------------------------ requests
+
+    def _ping(self, identity: bytes, ping: wire.Ping) -> None:
+        self.counters.pings += 1
+        pong = wire.Pong(ping.sent, self.instance, self.target.vocab_size, self.target.max_length, len(self.queue))
+        self._send(identity, pong)
+
+    def _open(self, identity: bytes, message: wire.Open) -> None:
+        tokens = wire.unpack_ids(message.tokens)
+        existing = self.requests.get(message.request)
+        if existing is not None and message.epoch <= existing.epoch:
+            self.counters.stale_opens += 1  # a duplicated or late Open: the request has moved on
+            return
+        bad = (
+            not 0 <= message.prompt_len <= len(tokens) + 1
+            or len(tokens) + 1 > self.target.max_length
+            or any(t >= self.target.vocab_size for t in tokens)
+            or not 0 <= message.first_k <= self.config.first_k_cap
+        )
+        if bad:
+            self._nack(identity, message.request, len(tokens) + 1, "invalid")
+            return
+        self.counters.opens += 1
+        if existing is not None:  # a resynchronisation: the open block will be verified afresh
+            self._forget_replies(message.request)
+            if self._rewind(existing, message, tokens):
+                return
+        state = self.target.prefill(DecodeRequest(tuple(tokens))) if tokens else empty_state(self.target)
+        self.requests[message.request] = CloudRequest(
+            message.prompt_len, message.sampling, message.first_k, message.epoch, state
+        )
+
+    def _rewind(self, request: CloudRequest, message: wire.Open, tokens: list[int]) -> bool:
+        """A resynchronisation whose prefix this cloud already holds: crop instead of re-prefilling."""
+        state = request.state
+        if not tokens or request.sampling != message.sampling or state.tokens[: len(tokens)] != tokens:
+            return False
+        if state.length > len(tokens):
+            self.target.rollback(state, len(tokens))
+        request.epoch, request.first_k = message.epoch, message.first_k
+        request.pending, request.expected_root = None, None
+        self.counters.rewinds += 1
+        return True
+
+    def _forget_replies(self, request: int) -> None:
+        for key in [k for k in self.replies if k[0] == request]:
+            del self.replies[key]
+
+    def _close(self, identity: bytes, message: wire.Close) -> None:
+        if self.requests.pop(message.request, None) is not None:
+            self.counters.closes += 1
+
+    # ------------------------------------------------------------ blocks
+
+    def _admit(self, identity: bytes, block: wire.Block) -> None:
+        self.counters.blocks += 1
+        key = block.id.key()
+        if self._resend_cached(identity, key):
+            return
+        if key in self.queued:
+            self.counters.duplicate_in_queue += 1
+            self.reply_to[key] = identity  # the edge may have reconnected: answer its newest socket
+            return
+        if len(self.queue) >= self.config.max_queue:
+            self._nack(identity, block.id.request, block.id.base, "busy")
+            return
+        self.queue.append((identity, block))
+        self.queued.add(key)
+
+    def _problem(self, block: wire.Block) -> str | None:
+        """Why this block cannot be verified against its request's confirmed prefix (None: it can)."""
+        request = self.requests.get(block.id.request)
+        if request is None:
+            return "unknown"
+        if block.id.config != request.sampling.digest():
+            return "invalid"
+        candidates = wire.unpack_ids(block.candidates)
+        if block.id.base + len(candidates) > self.target.max_length:
+            return "invalid"
+        if any(t >= self.target.vocab_size for t in [block.root, *candidates]):
+            return "invalid"
+        if block.q_full and len(block.q_full) != 4 * len(candidates) * self.target.vocab_size:
+            return "invalid"
+        if request.state.length < block.id.base - 1:
+            return "unknown"  # the edge is ahead of what this cloud holds: resynchronise
+        if request.state.length > block.id.base - 1:
+            return "stale"
+        if request.expected_root is not None and block.root != request.expected_root:
+            return "stale"
+        return None
+
+    def _take_batch(self) -> list[tuple[bytes, wire.Block]]:
+        batch, requests, deferred = [], set(), []
+        while self.queue and len(batch) < self.config.max_batch:
+            identity, block = self.queue.popleft()
+            self.queued.discard(block.id.key())
+            identity = self.reply_to.pop(block.id.key(), identity)
+            if block.id.request in requests:  # never two blocks of one request in a forward
+                deferred.append((identity, block))
+                continue
+            if self._resend_cached(identity, block.id.key()):
+                continue
+            problem = self._problem(block)
+            if problem:
+                self._nack(identity, block.id.request, block.id.base, problem)
+                continue
+            batch.append((identity, block))
+            requests.add(block.id.request)
+        for item in reversed(deferred):
+            self.queue.appendleft(item)
+            self.queued.add(item[1].id.key())
+        return batch
+
+    def run_batch(self) -> None:
+        batch = self._take_batch()
+        if not batch:
+            return
+        requests = [self.requests[block.id.request] for _, block in batch]
+        inputs = [[block.root, *wire.unpack_ids(block.candidates)] for _, block in batch]
+        start = time.perf_counter()
+        all_logits = extend_batch(self.target, [r.state for r in requests], inputs)
+        self.counters.forward_s += time.perf_counter() - start
+        self.counters.batches += 1
+        self.counters.batched_blocks += len(batch)
+        self.counters.largest_batch = max(self.counters.largest_batch, len(batch))
+        self.counters.batch_sizes[len(batch)] += 1
+        for (identity, block), request, logits in zip(batch, requests, all_logits, strict=True):
+            self.counters.positions_verified += logits.shape[0]
+            verdict = self._decide(block, request, logits)
+            keep = block.id.base + verdict.accepted
+            if request.state.length > keep:
+                self.target.rollback(request.state, keep)
+            self._send(identity, verdict, block.id.key())
+
+    def _decide(self, block: wire.Block, request: CloudRequest, logits: torch.Tensor) -> wire.Verdict:
+        """logits [n + 1, V]: row i predicts the token after root, c1, ..., ci."""
+        candidates = wire.unpack_ids(block.candidates)
+        request.pending = None
+        if request.sampling.greedy:
+            outcome = greedy_verify(self.target.greedy(logits), candidates)
+            return self._settled(block, request, outcome.accepted, outcome.next_token)
+        p = probabilities(logits, request.sampling.temperature)
+        generator = seeded(request.sampling.seed, block.id.base, "accept")
+        if block.q_full:  # baseline: the full draft distribution came up, the cloud corrects itself
+            q = wire.unpack_probs(block.q_full).reshape(len(candidates), -1)
+            outcome = speculative_accept(p, q, candidates, generator)
+            return self._settled(block, request, outcome.accepted, outcome.next_token)
+        q_of_candidates = wire.unpack_probs(block.q).tolist()
+        for i, (token, q) in enumerate(zip(candidates, q_of_candidates, strict=True)):
+            ratio = float(p[i, token]) / q if q > 0 else 0.0
+            if float(torch.rand((), generator=generator, dtype=torch.float64)) >= ratio:
+                return self._rejected(block, request, i, p[i])
+        bonus = int(torch.multinomial(p[len(candidates)], 1, generator=generator))
+        return self._settled(block, request, len(candidates), bonus)
+
+    def _settled(self, block: wire.Block, request: CloudRequest, accepted: int, token: int) -> wire.Verdict:
+        self.counters.accepted += accepted
+        request.expected_root = token
+        return wire.Verdict(block.id, accepted, token)
+
+    def _rejected(self, block: wire.Block, request: CloudRequest, index: int, p: torch.Tensor) -> wire.Verdict:
+        self.counters.accepted += index
+        self.counters.rejections += 1
+        order = torch.argsort(p, descending=True, stable=True)
+        request.pending = PendingCorrection(block.id, p, order)
+        request.expected_root = None
+        head = order[: request.first_k]
+        tail = float(p[order[request.first_k :]].double().sum())
+        return wire.Verdict(block.id, index, -1, wire.pack_ids(head), wire.pack_probs(p[head]), wire.f32(tail))
+
+    # ------------------------------------------------------------ corrections
+
+    def _correct(self, identity: bytes, query: wire.CorrectionQuery) -> None:
+        key = (query.id.request, query.id.base, query.kind, query.start)
+        if self._resend_cached(identity, key):
+            return
+        request = self.requests.get(query.id.request)
+        pending = request.pending if request is not None else None
+        if pending is None or pending.id != query.id:
+            self._nack(identity, query.id.request, query.id.base, "stale")
+            return
+        self.counters.corrections[query.kind] += 1
+        self._send(identity, self._correction(query, pending, request.sampling), key)
+
+    def _correction(self, query: wire.CorrectionQuery, pending: PendingCorrection, sampling) -> wire.Correction:
+        p = pending.p
+        if query.kind == "topk":
+            stop = min(max(query.stop, query.start), p.numel())
+            ids = pending.order[query.start : stop]
+            tail = float(p[pending.order[stop:]].double().sum())
+            return wire.Correction(
+                query.id, "topk", query.start, wire.pack_ids(ids), wire.pack_probs(p[ids]), wire.f32(tail)
+            )
+        if query.kind == "proposals":
+            count = min(max(query.stop, 1), MAX_PROPOSALS)
+            generator = seeded(sampling.seed, query.id.base, "proposals", query.start)
+            ids = torch.multinomial(p, count, replacement=True, generator=generator)
+            return wire.Correction(query.id, "proposals", query.start, wire.pack_ids(ids), wire.pack_probs(p[ids]))
+        return wire.Correction(query.id, "full", 0, b"", wire.pack_probs(p))
+
+    def summary(self) -> dict:
+        return {
+            "cloud": self.counters.as_dict(),
+            "traffic": self.traffic.as_dict(),
+            "open_requests": len(self.requests),
+        }

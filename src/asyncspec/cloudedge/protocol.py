@@ -1,0 +1,321 @@
+"""Messages between the edge gateway and the cloud verifier, and their msgpack codec.
+
+A frame is a msgpack array `[code, field, ...]` in the dataclass's field order; never pickle.
+Token ids travel as little-endian uint32 bytes and probabilities as little-endian float32 bytes:
+the exact float32 value the sender used for sampling arrives bit for bit (seed 002 §IV-B1).
+
+Every block-level message carries a `BlockId` that binds it to the request, the base-prefix
+version (confirmed length, prompt included), the number of candidate positions and a digest of
+the sampling configuration, so late, duplicated or stale messages are recognised.
+Decoding validates shape and types; anything else raises `ProtocolError` (the caller drops and
+counts the frame, it never crashes a service).
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from dataclasses import MISSING, dataclass, fields
+from typing import ClassVar
+
+import msgpack
+import numpy as np
+import torch
+
+
+class ProtocolError(ValueError):
+    """A frame that is not a valid message of this protocol."""
+
+
+# ---------------------------------------------------------------- arrays on the wire
+
+
+def pack_ids(ids) -> bytes:
+    return np.asarray(ids, dtype="<u4").tobytes()
+
+
+def unpack_ids(data: bytes) -> list[int]:
+    if len(data) % 4:
+        raise ProtocolError("token-id array length is not a multiple of 4")
+    return np.frombuffer(data, dtype="<u4").astype(np.int64).tolist()
+
+
+def pack_probs(values) -> bytes:
+    """float32 values (a tensor, array or list of floats that are float32) -> bytes, losslessly."""
+    if isinstance(values, torch.Tensor):
+        values = values.detach().to(torch.float32).cpu().numpy()
+    return np.asarray(values, dtype="<f4").tobytes()
+
+
+def unpack_probs(data: bytes) -> torch.Tensor:
+    if len(data) % 4:
+        raise ProtocolError("float32 array length is not a multiple of 4")
+    return torch.from_numpy(np.frombuffer(data, dtype="<f4").copy())
+
+
+def f32(value: float) -> float:
+    """The float32 value nearest `value`, as a Python float (exact in msgpack's float64)."""
+    return struct.unpack("<f", struct.pack("<f", value))[0]
+
+
+# ---------------------------------------------------------------- identity and configuration
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """What decides the target's law: temperature (float32; 0 = greedy) and the request's seed."""
+
+    temperature: float = 0.0
+    seed: int = 0
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0
+
+    def digest(self) -> int:
+        return zlib.crc32(struct.pack("<fq", self.temperature, self.seed))
+
+
+@dataclass(frozen=True)
+class BlockId:
+    request: int  # request id, unique per edge request
+    base: int  # confirmed length (prompt + generated) the block was drafted from
+    n: int  # candidate positions base .. base + n - 1 (after the root)
+    config: int  # Sampling.digest() of the request
+
+    def key(self) -> tuple[int, int]:
+        return (self.request, self.base)
+
+
+# ---------------------------------------------------------------- messages
+
+
+class Message:
+    code: ClassVar[int]
+
+
+@dataclass(frozen=True)
+class Open(Message):
+    """edge -> cloud: start (or resynchronise) a request; the cloud prefills `tokens`
+    (prompt + confirmed output, all but the last confirmed token, which comes as a block's root)."""
+
+    code: ClassVar[int] = 1
+    request: int
+    tokens: bytes  # uint32 ids
+    prompt_len: int
+    temperature: float
+    seed: int
+    first_k: int  # top-K support size to return with a rejection verdict (0: none)
+    epoch: int  # resynchronisations so far: a late duplicate Open (lower epoch) is ignored
+
+    @property
+    def sampling(self) -> Sampling:
+        return Sampling(self.temperature, self.seed)
+
+
+@dataclass(frozen=True)
+class Block(Message):
+    """edge -> cloud: verify `root` + candidates. Uplink per candidate: id + q(id) only."""
+
+    code: ClassVar[int] = 2
+    id: BlockId
+    root: int  # last confirmed token, not yet in the cloud's KV
+    candidates: bytes  # uint32 ids [n]
+    q: bytes  # float32 [n] draft probability of each candidate (empty when greedy)
+    q_full: bytes = b""  # float32 [n, V] (baseline with full-distribution uplink only)
+
+
+@dataclass(frozen=True)
+class Verdict(Message):
+    """cloud -> edge: `accepted` leading candidates, then either the cloud's own token (greedy,
+    or bonus after full acceptance) or, after a sampled rejection, a first top-K support."""
+
+    code: ClassVar[int] = 3
+    id: BlockId
+    accepted: int
+    token: int  # next token, or -1 while the correction at position `accepted` is open
+    support_ids: bytes = b""  # uint32 [K] target top-K at the rejected position, by descending p
+    support_p: bytes = b""  # float32 [K] their target probabilities
+    tail: float = 0.0  # float32: target mass outside the support (delta_p)
+
+
+@dataclass(frozen=True)
+class CorrectionQuery(Message):
+    """edge -> cloud: more of the open correction: top-K entries [start, stop), `count` exact-recovery
+    proposals (round `start`), or the full distribution."""
+
+    code: ClassVar[int] = 4
+    id: BlockId
+    kind: str  # "topk" | "proposals" | "full"
+    start: int = 0
+    stop: int = 0
+
+
+@dataclass(frozen=True)
+class Correction(Message):
+    """cloud -> edge: the answer to a CorrectionQuery (same kind and range)."""
+
+    code: ClassVar[int] = 5
+    id: BlockId
+    kind: str
+    start: int
+    ids: bytes  # uint32: support entries, proposals, or empty for "full"
+    p: bytes  # float32: their target probabilities, or the whole p [V] for "full"
+    tail: float = 0.0  # float32: target mass outside the support so far ("topk")
+
+
+@dataclass(frozen=True)
+class Close(Message):
+    """edge -> cloud: the request finished or was abandoned; free its state."""
+
+    code: ClassVar[int] = 6
+    request: int
+
+
+@dataclass(frozen=True)
+class Ping(Message):
+    code: ClassVar[int] = 7
+    sent: float
+
+
+@dataclass(frozen=True)
+class Pong(Message):
+    """cloud -> edge: liveness; `instance` changes when the cloud restarts."""
+
+    code: ClassVar[int] = 8
+    sent: float
+    instance: int
+    vocab_size: int
+    max_length: int
+    queued: int
+
+
+@dataclass(frozen=True)
+class Nack(Message):
+    """cloud -> edge: a block or query the cloud will not process, and why."""
+
+    code: ClassVar[int] = 9
+    request: int
+    base: int
+    reason: str  # "unknown" (resend Open), "stale", "busy" (back-pressure: retry), "invalid"
+
+
+# ---------------------------------------------------------------- client <-> edge
+
+
+@dataclass(frozen=True)
+class Generate(Message):
+    """client -> edge: a raw text prompt, continued as `asyncspec generate --prompt` would."""
+
+    code: ClassVar[int] = 20
+    tag: int  # the client's id for this request
+    prompt: str
+    max_new_tokens: int
+    temperature: float = 0.0
+    seed: int = 0
+    eps_req: float = 0.0
+
+
+@dataclass(frozen=True)
+class Token(Message):
+    """edge -> client: one committed token and the text it completes (may be empty mid-character)."""
+
+    code: ClassVar[int] = 21
+    tag: int
+    token: int
+    text: str
+
+
+@dataclass(frozen=True)
+class Done(Message):
+    code: ClassVar[int] = 22
+    tag: int
+    text: str
+    tokens: bytes  # uint32 ids
+    finish_reason: str  # "eos" | "length"
+    stats: dict
+
+
+@dataclass(frozen=True)
+class Failed(Message):
+    code: ClassVar[int] = 23
+    tag: int
+    message: str
+
+
+MESSAGES: dict[int, type[Message]] = {
+    m.code: m
+    for m in (Open, Block, Verdict, CorrectionQuery, Correction, Close, Ping, Pong, Nack, Generate, Token, Done, Failed)
+}
+NACK_REASONS = frozenset({"unknown", "stale", "busy", "invalid"})
+CORRECTION_KINDS = frozenset({"topk", "proposals", "full"})
+_WIRE_TYPES = {
+    "int": (int,),
+    "float": (float, int),
+    "bytes": (bytes,),
+    "str": (str,),
+    "dict": (dict,),
+}  # annotations are strings
+
+
+def encode(message: Message) -> bytes:
+    body = [message.code]
+    for field in fields(message):
+        value = getattr(message, field.name)
+        body.append([value.request, value.base, value.n, value.config] if isinstance(value, BlockId) else value)
+    return msgpack.packb(body, use_bin_type=True)
+
+
+def decode(frame: bytes) -> Message:
+    try:
+        body = msgpack.unpackb(frame, raw=False, strict_map_key=True)
+    except Exception as error:  # msgpack raises several types for garbage
+        raise ProtocolError(f"not msgpack: {error}") from error
+    if not isinstance(body, list) or not body or body[0] not in MESSAGES:
+        raise ProtocolError("not a message of this protocol")
+    cls = MESSAGES[body[0]]
+    specs = fields(cls)
+    values = body[1:]
+    required = sum(1 for f in specs if f.default is MISSING)
+    if not required <= len(values) <= len(specs):
+        raise ProtocolError(f"{cls.__name__}: {len(values)} fields")
+    kwargs = {spec.name: _check(cls, spec, value) for spec, value in zip(specs, values, strict=False)}
+    message = cls(**kwargs)
+    _validate(message)
+    return message
+
+
+def _check(cls, spec, value):
+    if spec.type == "BlockId":
+        if not (isinstance(value, list) and len(value) == 4 and all(_is_int(v) for v in value)):
+            raise ProtocolError(f"{cls.__name__}.{spec.name}: bad block id")
+        return BlockId(*value)
+    wanted = _WIRE_TYPES.get(spec.type, ())
+    if not isinstance(value, wanted) or isinstance(value, bool):
+        raise ProtocolError(f"{cls.__name__}.{spec.name}: {type(value).__name__}")
+    return float(value) if spec.type == "float" else value
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _validate(message: Message) -> None:
+    """Cross-field checks every receiver relies on."""
+    if isinstance(message, Block):
+        n = len(unpack_ids(message.candidates))
+        if n != message.id.n or (message.q and len(message.q) != 4 * n) or message.root < 0:
+            raise ProtocolError("Block: candidates, q and id disagree")
+    if isinstance(message, CorrectionQuery | Correction) and message.kind not in CORRECTION_KINDS:
+        raise ProtocolError(f"unknown correction kind {message.kind!r}")
+    if isinstance(message, Nack) and message.reason not in NACK_REASONS:
+        raise ProtocolError(f"unknown nack reason {message.reason!r}")
+    if isinstance(message, Verdict) and len(message.support_ids) != len(message.support_p):
+        raise ProtocolError("Verdict: support ids and probabilities disagree")
+
+
+def request_of(message: Message) -> int | None:
+    """The request a message belongs to (for per-request byte accounting)."""
+    if hasattr(message, "id"):
+        return message.id.request
+    return getattr(message, "request", None)

@@ -1,0 +1,112 @@
+"""What the edge keeps per request: confirmed prefix, the open block with its draft state Q_i,
+the fidelity budget, and the figures a benchmark needs (TTFT, per-token times, bytes, modes)."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from asyncspec.cloudedge import protocol as wire
+from asyncspec.cloudedge.correction import Ask, CorrectionCounts, CorrectionSession, FidelityBudget
+from asyncspec.decoding.drafter import PrefixDrafter
+
+Emit = Callable[[dict], None]  # receives {"type": "token" | "done" | "error", ...}
+
+
+@dataclass
+class RequestStats:
+    submitted: float = field(default_factory=time.monotonic)
+    started: float | None = None  # admitted (drafter prefilled, Open sent)
+    first_token: float | None = None
+    finished: float | None = None
+    token_times: list[float] = field(default_factory=list)  # monotonic time each token was committed
+    blocks: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    draft_s: float = 0.0
+    block_bytes: int = 0  # uplink bytes of Block messages (the candidates' cost)
+    uplink_bytes: int = 0  # everything sent for this request
+    downlink_bytes: int = 0
+    resyncs: int = 0
+    resubmits: int = 0
+    nacks: Counter = field(default_factory=Counter)
+    stale_replies: int = 0
+    corrections: CorrectionCounts = field(default_factory=CorrectionCounts)
+
+    def as_dict(self) -> dict:
+        start = self.submitted
+        return {
+            "ttft_s": (self.first_token - start) if self.first_token else None,
+            "e2e_s": (self.finished - start) if self.finished else None,
+            "token_times_s": [t - start for t in self.token_times],
+            "blocks": self.blocks,
+            "drafted": self.drafted,
+            "accepted": self.accepted,
+            "acceptance": self.accepted / self.drafted if self.drafted else 0.0,
+            "draft_s": self.draft_s,
+            "block_bytes": self.block_bytes,
+            "uplink_bytes": self.uplink_bytes,
+            "downlink_bytes": self.downlink_bytes,
+            "uplink_bytes_per_candidate": self.block_bytes / self.drafted if self.drafted else None,
+            "resyncs": self.resyncs,
+            "resubmits": self.resubmits,
+            "nacks": dict(self.nacks),
+            "stale_replies": self.stale_replies,
+            "corrections": self.corrections.as_dict(),
+        }
+
+
+@dataclass
+class OpenBlock:
+    """A block that waits for the cloud: at most one per request (N_open <= 1)."""
+
+    message: wire.Block
+    candidates: list[int]
+    q_rows: torch.Tensor | None  # [n, V] the draft state Q_i: stays at the edge
+    sent_at: float
+    retry_at: float | None = None  # busy back-off
+    accepted: int | None = None  # from the verdict
+    session: CorrectionSession | None = None
+    asked: Ask | None = None  # the correction query in flight
+
+    @property
+    def id(self) -> wire.BlockId:
+        return self.message.id
+
+
+@dataclass
+class EdgeRequest:
+    id: int
+    prompt: tuple[int, ...]
+    sampling: wire.Sampling
+    max_new_tokens: int
+    budget: FidelityBudget
+    emit: Emit
+    generator: torch.Generator  # the edge's draws: drafting and correction
+    drafter: PrefixDrafter | None = None
+    generated: list[int] = field(default_factory=list)
+    open: OpenBlock | None = None
+    epoch: int = 0
+    limit: int = 0
+    stats: RequestStats = field(default_factory=RequestStats)
+
+    @property
+    def confirmed(self) -> list[int]:
+        return [*self.prompt, *self.generated]
+
+    def open_message(self, first_k: int) -> wire.Open:
+        """What the cloud must prefill: the confirmed prefix without its last token (the next root)."""
+        tokens = self.confirmed[:-1]
+        return wire.Open(
+            self.id,
+            wire.pack_ids(tokens),
+            len(self.prompt),
+            self.sampling.temperature,
+            self.sampling.seed,
+            first_k,
+            self.epoch,
+        )

@@ -1,0 +1,104 @@
+"""ZeroMQ sockets with byte accounting: every message is counted per direction and type, and a
+frame that does not decode is dropped and counted, never raised into the service loop."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+import zmq
+
+from asyncspec.cloudedge.protocol import Message, ProtocolError, decode, encode, request_of
+
+HIGH_WATER_MARK = 10_000  # queued frames per socket before ZeroMQ applies back-pressure
+
+
+@dataclass
+class TrafficCounters:
+    sent_bytes: Counter = field(default_factory=Counter)  # message type -> payload bytes
+    received_bytes: Counter = field(default_factory=Counter)
+    sent_messages: Counter = field(default_factory=Counter)
+    received_messages: Counter = field(default_factory=Counter)
+    malformed: int = 0  # frames dropped because they did not decode
+    per_request_sent: Counter = field(default_factory=Counter)  # request id -> bytes
+    per_request_received: Counter = field(default_factory=Counter)
+
+    def as_dict(self) -> dict:
+        return {
+            "sent_bytes": dict(self.sent_bytes),
+            "received_bytes": dict(self.received_bytes),
+            "sent_messages": dict(self.sent_messages),
+            "received_messages": dict(self.received_messages),
+            "malformed": self.malformed,
+            "sent_total": sum(self.sent_bytes.values()),
+            "received_total": sum(self.received_bytes.values()),
+        }
+
+    def forget(self, request: int) -> None:
+        self.per_request_sent.pop(request, None)
+        self.per_request_received.pop(request, None)
+
+
+def make_socket(context: zmq.Context, kind: int, address: str, bind: bool) -> zmq.Socket:
+    socket = context.socket(kind)
+    socket.setsockopt(zmq.LINGER, 0)
+    socket.setsockopt(zmq.SNDHWM, HIGH_WATER_MARK)
+    socket.setsockopt(zmq.RCVHWM, HIGH_WATER_MARK)
+    if bind:
+        socket.bind(address)
+    else:
+        socket.connect(address)
+    return socket
+
+
+class Channel:
+    """A socket plus counters. ROUTER sockets address peers by identity; DEALERs pass None."""
+
+    def __init__(self, socket: zmq.Socket, counters: TrafficCounters | None = None):
+        self.socket = socket
+        self.router = socket.type == zmq.ROUTER
+        self.counters = counters or TrafficCounters()
+
+    def send(self, message: Message, identity: bytes | None = None) -> int:
+        return self.send_frame(encode(message), message, identity)
+
+    def send_frame(self, frame: bytes, message: Message, identity: bytes | None = None) -> int:
+        """Send an already encoded message (the cloud re-sends cached decisions byte for byte)."""
+        name = type(message).__name__
+        try:
+            if self.router:
+                self.socket.send_multipart([identity, frame], flags=zmq.NOBLOCK)
+            else:
+                self.socket.send(frame, flags=zmq.NOBLOCK)
+        except zmq.Again:
+            self.counters.sent_messages["dropped_full_queue"] += 1
+            return 0
+        self.counters.sent_bytes[name] += len(frame)
+        self.counters.sent_messages[name] += 1
+        request = request_of(message)
+        if request is not None:
+            self.counters.per_request_sent[request] += len(frame)
+        return len(frame)
+
+    def receive(self) -> tuple[bytes | None, Message] | None:
+        """One waiting message (non-blocking caller: poll first); None for a dropped bad frame."""
+        parts = self.socket.recv_multipart()
+        identity = parts[0] if self.router else None
+        if len(parts) != (2 if self.router else 1):
+            self.counters.malformed += 1
+            return None
+        try:
+            message = decode(parts[-1])
+        except ProtocolError:
+            self.counters.malformed += 1
+            return None
+        name = type(message).__name__
+        self.counters.received_bytes[name] += len(parts[-1])
+        self.counters.received_messages[name] += 1
+        request = request_of(message)
+        if request is not None:
+            self.counters.per_request_received[request] += len(parts[-1])
+        return identity, message
+
+    def close(self) -> None:
+        self.socket.close(linger=0)

@@ -1,0 +1,215 @@
+"""`asyncspec serve cloud|edge` and `asyncspec client`: the AsymSpec services and their client."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+import threading
+
+from asyncspec.errors import InputError
+
+
+def add_commands(commands) -> None:
+    """Adds `serve` and `client` to the CLI's subcommands."""
+    serve = commands.add_parser("serve", help="run the AsymSpec cloud verifier or edge gateway")
+    roles = serve.add_subparsers(dest="role", required=True)
+    cloud = roles.add_parser("cloud", help="cloud verifier: the target model, batched verification")
+    cloud.add_argument("--model", default="qwen2.5-coder-1.5b", help="target: registered name, directory or HF id")
+    cloud.add_argument("--bind", default="tcp://127.0.0.1:5555")
+    cloud.add_argument("--max-batch", type=int, default=32, help="blocks per batched target forward")
+    cloud.add_argument("--max-queue", type=int, default=1024, help="queued blocks before back-pressure")
+    cloud.add_argument("--batch-wait-ms", type=float, default=0.0, help="wait for more blocks before a forward")
+    _model_options(cloud)
+    edge = roles.add_parser("edge", help="edge gateway: the drafter, requests, scheduling, HTTP API")
+    edge.add_argument("--model", default="qwen2.5-coder-0.5b", help="drafter: registered name, directory or HF id")
+    edge.add_argument("--cloud", default="tcp://127.0.0.1:5555", help="the cloud verifier's address")
+    edge.add_argument("--bind", default="tcp://127.0.0.1:5556", help="ZeroMQ address for `asyncspec client`")
+    edge.add_argument("--http", metavar="HOST:PORT", help="also serve the OpenAI-compatible HTTP API")
+    edge.add_argument("--block-size", type=int, default=7, help="candidates per block (gamma)")
+    edge.add_argument("--k-schedule", default="16,64,256,1024", help="top-K support sizes, growing")
+    edge.add_argument("--proposals", type=int, default=32, help="exact-recovery proposals per query (0: none)")
+    edge.add_argument("--uplink", choices=["compact", "full"], default="compact", help="full: baseline uplink")
+    edge.add_argument("--full-correction", action="store_true", help="ablation: full distribution on every rejection")
+    edge.add_argument("--no-pipeline", action="store_true", help="ablation: one open block across all requests")
+    edge.add_argument("--dead-after", type=float, default=30.0, help="seconds of cloud silence before resubmitting")
+    edge.add_argument("--give-up", type=float, default=300.0, help="seconds of cloud silence before failing requests")
+    _model_options(edge)
+    client = commands.add_parser("client", help="send a prompt to an edge gateway")
+    client.add_argument("--edge", default="tcp://127.0.0.1:5556")
+    client.add_argument("--prompt", required=True)
+    client.add_argument("--max-new-tokens", type=int, default=128)
+    client.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    client.add_argument("--seed", type=int, default=0)
+    client.add_argument("--eps-req", type=float, default=0.0, help="per-request TV budget for bounded corrections")
+    client.add_argument("--timeout", type=float, default=600.0)
+    client.add_argument("--json", action="store_true", help="print the result and its statistics as JSON")
+
+
+def _model_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--dtype", default="bf16", choices=["bf16", "fp32", "fp16"])
+    parser.add_argument("--threads", type=int, default=1, help="torch threads")
+
+
+def run(args) -> int:
+    if args.command == "client":
+        return run_client(args)
+    return run_cloud(args) if args.role == "cloud" else run_edge(args)
+
+
+class StopFlag:
+    """Set by SIGTERM / SIGINT; the service loops poll it and return cleanly."""
+
+    def __init__(self):
+        self.event = threading.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: self.event.set())
+
+    def __call__(self) -> bool:
+        return self.event.is_set()
+
+
+def _load(name: str, dtype: str):
+    from asyncspec.models.hf_causal import CausalLMBackend
+    from asyncspec.models.registry import load_decoder
+
+    model = load_decoder(name, dtype)
+    if not isinstance(model, CausalLMBackend):
+        raise InputError(f"{name} is not a causal language model; the AsymSpec services serve text models")
+    return model
+
+
+def _log_exit(role: str, summary: dict) -> None:
+    print(f"asyncspec {role} stopped; counters: {json.dumps(summary, default=str)}", file=sys.stderr, flush=True)
+
+
+def _ready(message: str):
+    return lambda: print(message, flush=True)
+
+
+def run_cloud(args) -> int:
+    import zmq
+
+    from asyncspec.cloudedge.cloud import CloudConfig, CloudVerifier
+
+    target = _load(args.model, args.dtype)
+    config = CloudConfig(max_batch=args.max_batch, max_queue=args.max_queue, batch_wait_s=args.batch_wait_ms / 1000)
+    cloud = CloudVerifier(target, config)
+    stop = StopFlag()
+    try:
+        cloud.serve(args.bind, stop, _ready(f"asyncspec cloud ready on {args.bind} (model {args.model})"))
+    except zmq.ZMQError as error:
+        raise InputError(f"cannot bind {args.bind}: {error}") from error
+    finally:
+        _log_exit("cloud", cloud.summary())
+    return 0
+
+
+def _policy(args):
+    from asyncspec.cloudedge.correction import CorrectionPolicy
+    from asyncspec.cloudedge.policy import EdgePolicy
+
+    try:
+        schedule = tuple(int(k) for k in args.k_schedule.split(",") if k.strip())
+    except ValueError as error:
+        raise InputError(f"--k-schedule must be comma-separated integers, not {args.k_schedule!r}") from error
+    if list(schedule) != sorted(set(schedule)) or any(k < 1 for k in schedule):
+        raise InputError("--k-schedule must be strictly increasing positive integers")
+    correction = CorrectionPolicy(k_schedule=schedule, proposals=args.proposals, full_only=args.full_correction)
+    return EdgePolicy(
+        block_size=args.block_size,
+        correction=correction,
+        uplink=args.uplink,
+        pipeline=not args.no_pipeline,
+        dead_after_s=args.dead_after,
+        give_up_s=args.give_up,
+    )
+
+
+def _http_server(gateway, drafter, args):
+    import uvicorn
+
+    from asyncspec.cloudedge.http import ChatFormatter, make_app
+
+    host, _, port = args.http.rpartition(":")
+    if not host or not port.isdigit():
+        raise InputError(f"--http must be HOST:PORT, not {args.http!r}")
+    app = make_app(gateway, drafter.tokenizer, args.model, ChatFormatter(_hf_tokenizer(args.model)))
+    server = uvicorn.Server(uvicorn.Config(app, host=host, port=int(port), log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    return server, thread
+
+
+def _hf_tokenizer(name: str):
+    """The model's own tokenizer, for its chat template (None if it has none)."""
+    try:
+        from transformers import AutoTokenizer
+
+        from asyncspec.models.registry import resolve_source
+
+        return AutoTokenizer.from_pretrained(resolve_source(name)[0])
+    except Exception:  # a model without a loadable HF tokenizer: plain transcript chat format
+        return None
+
+
+def run_edge(args) -> int:
+    import zmq
+
+    from asyncspec.cloudedge.client import ClientFront
+    from asyncspec.cloudedge.edge import EdgeGateway
+
+    policy = _policy(args)
+    drafter = _load(args.model, args.dtype)
+    gateway = EdgeGateway(drafter, args.cloud, policy)
+    stop = StopFlag()
+    try:
+        front = ClientFront(args.bind, drafter.tokenizer)
+    except zmq.ZMQError as error:
+        raise InputError(f"cannot bind {args.bind}: {error}") from error
+    server = None
+    try:
+        if args.http:
+            server, _ = _http_server(gateway, drafter, args)
+            while not server.started and not stop():
+                threading.Event().wait(0.05)
+        where = f"{args.bind}" + (f", http://{args.http}" if args.http else "")
+        gateway.serve(stop, _ready(f"asyncspec edge ready on {where} (model {args.model}, cloud {args.cloud})"), front)
+    finally:
+        if server is not None:
+            server.should_exit = True
+        _log_exit("edge", gateway.summary())
+    return 0
+
+
+def run_client(args) -> int:
+    from asyncspec.cloudedge.client import Completion, EdgeClient, EdgeError
+
+    if not args.prompt.strip():
+        raise InputError("the prompt is empty")
+    options = dict(
+        max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed, eps_req=args.eps_req
+    )
+    with EdgeClient(args.edge, timeout_s=args.timeout) as client:
+        try:
+            for item in client.stream(args.prompt, **options):
+                if isinstance(item, Completion):
+                    completion = item
+                elif not args.json:
+                    print(item, end="", flush=True)
+        except (EdgeError, TimeoutError) as error:
+            print(f"asyncspec: error: {error}", file=sys.stderr)
+            return 1
+    if args.json:
+        print(json.dumps(completion.__dict__))
+    else:
+        stats = completion.stats
+        print()
+        print(
+            f"[{len(completion.tokens)} tokens, {completion.finish_reason}; TTFT {stats.get('ttft_s') or 0:.3f} s, "
+            f"e2e {stats.get('e2e_s') or 0:.3f} s, acceptance {stats.get('acceptance', 0):.2f}, "
+            f"uplink {stats.get('uplink_bytes')} B, downlink {stats.get('downlink_bytes')} B]",
+            file=sys.stderr,
+        )
+    return 0

@@ -1,0 +1,117 @@
+"""Batched verification: one forward over several requests' blocks (padded KV, attention mask,
+per-request positions) gives what per-request calls give."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from asyncspec.cloudedge import protocol as wire
+from asyncspec.cloudedge.cloud import CloudConfig, CloudVerifier
+from asyncspec.models.base import DecodeRequest
+from asyncspec.models.batched import extend_batch
+from cloudedge_support import model_pair
+from conftest import tiny_causal
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_extend_batch_equals_one_call_per_request(dtype):
+    model = tiny_causal(dtype, 3)
+    generator = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(0, 95, (n,), generator=generator).tolist() for n in (1, 5, 9, 3)]
+    news = [torch.randint(0, 95, (n,), generator=generator).tolist() for n in (4, 1, 7, 3)]
+    alone = []
+    for prompt, tokens in zip(prompts, news, strict=True):
+        alone.append(model.extend(model.prefill(DecodeRequest(tuple(prompt))), tokens))
+    states = [model.prefill(DecodeRequest(tuple(p))) for p in prompts]
+    together = extend_batch(model, states, news)
+    tolerance = 1e-5 if dtype == torch.float32 else 1e-2
+    for a, b, state, prompt, tokens in zip(alone, together, states, prompts, news, strict=True):
+        assert torch.allclose(a, b, atol=tolerance)
+        assert model.greedy(a) == model.greedy(b)
+        assert state.tokens == prompt + tokens and model.cache_length(state) == state.length
+    # the split-back caches keep working: crop, then a second batched step equals a fresh prefill
+    for state in states:
+        model.rollback(state, state.length - 1)
+    again = extend_batch(model, states, [[1, 2], [3], [4, 5, 6], [7]])
+    for state, logits in zip(states, again, strict=True):
+        fresh = model.prefill(DecodeRequest(tuple(state.tokens[: -len(logits)])))
+        assert torch.allclose(model.extend(fresh, state.tokens[-len(logits) :]), logits, atol=tolerance)
+
+
+class RecordingChannel:
+    """Stands in for the ROUTER socket: records what the cloud would send."""
+
+    def __init__(self):
+        self.sent: list[wire.Message] = []
+        self.to: list[bytes] = []
+
+    def send_frame(self, frame, message, identity=None):
+        self.sent.append(wire.decode(frame))
+        self.to.append(identity)
+        return len(frame)
+
+
+def _verdicts(target, max_batch: int, sampling: wire.Sampling, rounds: int = 4):
+    """Drive a cloud through `rounds` blocks of 8 requests, batched up to max_batch."""
+    cloud = CloudVerifier(target, CloudConfig(max_batch=max_batch))
+    cloud.channel = RecordingChannel()
+    generator = torch.Generator().manual_seed(11)
+    prompts = [
+        torch.randint(0, 95, (int(n),), generator=generator).tolist()
+        for n in torch.randint(1, 10, (8,), generator=generator)
+    ]
+    confirmed = {i: list(p) for i, p in enumerate(prompts)}
+    for i, prompt in enumerate(prompts):
+        cloud.handle(
+            b"edge", wire.Open(i, wire.pack_ids(prompt[:-1]), len(prompt), sampling.temperature, sampling.seed, 4, 0)
+        )
+    history = []
+    for _ in range(rounds):
+        for i in range(8):
+            candidates = torch.randint(0, 95, (5,), generator=generator).tolist()
+            # the target's own next token first, so that some candidates are accepted
+            candidates[0] = target.greedy(target.prefill(DecodeRequest(tuple(confirmed[i]))).next_logits)[0]
+            q = wire.pack_probs([0.5] * 5) if not sampling.greedy else b""
+            block_id = wire.BlockId(i, len(confirmed[i]), 5, sampling.digest())
+            cloud.handle(b"edge", wire.Block(block_id, confirmed[i][-1], wire.pack_ids(candidates), q))
+        while cloud.queue:
+            cloud.run_batch()
+        verdicts = [m for m in cloud.channel.sent if isinstance(m, wire.Verdict)]
+        cloud.channel.sent.clear()
+        assert len(verdicts) == 8
+        for verdict in verdicts:
+            # the next root: the cloud's token, or after a sampled rejection the top support entry
+            token = verdict.token if verdict.token >= 0 else wire.unpack_ids(verdict.support_ids)[0]
+            history.append((verdict.id.request, verdict.id.base, verdict.accepted, verdict.token))
+            confirmed[verdict.id.request].extend([*_accepted(cloud, verdict), token])
+    return sorted(history), cloud.counters
+
+
+def _accepted(cloud, verdict) -> list[int]:
+    state = cloud.requests[verdict.id.request].state
+    return state.tokens[verdict.id.base : verdict.id.base + verdict.accepted]
+
+
+@pytest.mark.parametrize("sampling", [wire.Sampling(), wire.Sampling(1.0, 7)], ids=["greedy", "sampled"])
+def test_batched_verification_decides_like_one_request_at_a_time(sampling):
+    target, _ = model_pair(noise=0.05)
+    alone, alone_counters = _verdicts(target, 1, sampling)
+    batched, batched_counters = _verdicts(target, 8, sampling)
+    assert alone_counters.largest_batch == 1 and batched_counters.largest_batch == 8
+    assert batched == alone
+    assert any(accepted > 0 for _, _, accepted, _ in batched) and any(accepted < 5 for _, _, accepted, _ in batched)
+
+
+def test_a_queued_block_is_answered_to_the_edges_newest_socket():
+    """An edge that reconnects (new ZeroMQ identity) and resubmits a block still queued at the
+    cloud gets the answer on its new socket; the resubmission is not verified twice."""
+    target, _ = model_pair(noise=0.05)
+    cloud = CloudVerifier(target, CloudConfig())
+    cloud.channel = RecordingChannel()
+    cloud.handle(b"old", wire.Open(1, wire.pack_ids([3, 4]), 3, 0.0, 0, 4, 0))
+    block = wire.Block(wire.BlockId(1, 3, 2, wire.Sampling().digest()), 5, wire.pack_ids([6, 7]), b"")
+    cloud.handle(b"old", block)
+    cloud.handle(b"new", block)
+    cloud.run_batch()
+    assert cloud.channel.to == [b"new"] and cloud.counters.duplicate_in_queue == 1

@@ -1,0 +1,82 @@
+"""The wire format: every message round-trips, float32 values arrive bit for bit, garbage is a
+ProtocolError (never an exception of another kind), and the compact uplink is small."""
+
+from __future__ import annotations
+
+import pickle
+import struct
+
+import msgpack
+import pytest
+import torch
+
+from asyncspec.cloudedge import protocol as wire
+
+BLOCK_ID = wire.BlockId(123456789, 42, 3, wire.Sampling(0.7, 5).digest())
+MESSAGES = [
+    wire.Open(1, wire.pack_ids([1, 2, 3]), 3, 0.7, 5, 16, 0),
+    wire.Block(BLOCK_ID, 9, wire.pack_ids([4, 5, 6]), wire.pack_probs([0.1, 0.2, 0.3])),
+    wire.Verdict(BLOCK_ID, 1, -1, wire.pack_ids([7, 8]), wire.pack_probs([0.5, 0.25]), wire.f32(0.25)),
+    wire.Verdict(BLOCK_ID, 3, 11),
+    wire.CorrectionQuery(BLOCK_ID, "topk", 16, 64),
+    wire.Correction(BLOCK_ID, "full", 0, b"", wire.pack_probs(torch.rand(96))),
+    wire.Close(1),
+    wire.Ping(12.5),
+    wire.Pong(12.5, 77, 96, 512, 3),
+    wire.Nack(1, 42, "stale"),
+    wire.Generate(1, "def f(x):", 16, 0.0, 0, 0.0),
+    wire.Token(1, 5, " x"),
+    wire.Done(1, "text", wire.pack_ids([5]), "eos", {"ttft_s": 0.1, "nested": {"a": [1, 2]}}),
+    wire.Failed(1, "boom"),
+]
+
+
+@pytest.mark.parametrize("message", MESSAGES, ids=lambda m: type(m).__name__)
+def test_every_message_round_trips(message):
+    assert wire.decode(wire.encode(message)) == message
+
+
+def test_probabilities_are_lossless_float32():
+    values = torch.rand(1000) ** 7  # many tiny values: a lossy encoding would change some
+    values[0] = torch.finfo(torch.float32).tiny
+    decoded = wire.unpack_probs(wire.pack_probs(values))
+    assert torch.equal(decoded.view(torch.int32), values.view(torch.int32))
+    x = struct.unpack("<f", struct.pack("<f", 0.1))[0]
+    assert wire.f32(0.1) == x and wire.decode(wire.encode(wire.Verdict(BLOCK_ID, 0, -1, tail=x))).tail == x
+
+
+GARBAGE = [
+    b"",
+    b"\xc1",  # never-used msgpack byte
+    b"not msgpack at all",
+    msgpack.packb([99, 1, 2]),  # unknown code
+    msgpack.packb({"code": 2}),
+    msgpack.packb([2, [1, 2], 9, b"", b""]),  # bad block id
+    msgpack.packb([2, [1, 2, 3, 4], 9, wire.pack_ids([1, 2]), b""]),  # id says 3 candidates, 2 sent
+    msgpack.packb([2, [1, 2, 1, 4], 9, b"\x00\x00\x00", b""]),  # id array not a multiple of 4
+    msgpack.packb([4, [1, 2, 1, 4], "everything", 0, 0]),  # unknown correction kind
+    msgpack.packb([9, 1, 2, "because"]),
+    msgpack.packb([7, "soon"]),
+    msgpack.packb([7, True]),
+    pickle.dumps(wire.Ping(1.0)),  # pickle is not accepted on the wire
+]
+
+
+@pytest.mark.parametrize("frame", GARBAGE)
+def test_malformed_frames_raise_protocol_error(frame):
+    with pytest.raises(wire.ProtocolError):
+        wire.decode(frame)
+
+
+def test_compact_uplink_is_small_and_the_full_one_is_not():
+    vocab = 151_936  # Qwen2.5-Coder
+    q = torch.rand(7, vocab)
+    candidates = [100_000 + i for i in range(7)]
+    block_id = wire.BlockId(2**40, 1500, 7, wire.Sampling(0.7, 0).digest())
+    q_taken = q[torch.arange(7), candidates]
+    compact = wire.encode(wire.Block(block_id, 151_000, wire.pack_ids(candidates), wire.pack_probs(q_taken)))
+    full = wire.encode(
+        wire.Block(block_id, 151_000, wire.pack_ids(candidates), wire.pack_probs(q_taken), wire.pack_probs(q))
+    )
+    assert len(compact) / 7 <= 16
+    assert len(full) / 7 >= 4 * vocab
