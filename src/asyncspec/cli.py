@@ -71,6 +71,11 @@ def build_parser() -> argparse.ArgumentParser:
     ondevice.add_argument("--out", default="out", help="folder for the JSON and PNGs")
     _decoding_options(ondevice, "whisper-base", "whisper-tiny.en")
     ondevice.set_defaults(method="sd,specasr,as2d", json=False)
+    from asyncspec.benchmarks import ondemand as ondemand_bench
+    from asyncspec.commands import listen
+
+    ondemand_bench.add_arguments(benches.add_parser("ondemand", help=ondemand_bench.HELP), _decoding_options)
+    listen.add_arguments(commands.add_parser("listen", help=listen.HELP), _decoding_options)
     return parser
 
 
@@ -99,6 +104,12 @@ def _dispatch(args: argparse.Namespace) -> int:
         args.methods = parse_methods(args.method)
 
     handlers = {"models": models.run, "transcribe": transcribe.run, "generate": generate.run, "demo": demo.run}
+    from asyncspec.benchmarks import ondemand as ondemand_bench
+    from asyncspec.commands import listen
+
+    handlers["listen"] = listen.run
+    if args.command == "bench" and args.bench == "ondemand":
+        return ondemand_bench.run(args)
     if args.command == "bench":
         from asyncspec.benchmarks import methods as methods_bench
         from asyncspec.benchmarks import ondevice as ondevice_bench
