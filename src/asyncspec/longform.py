@@ -119,3 +119,24 @@ def _speak(text: str, voice: str, words_per_minute: int, scratch: Path) -> np.nd
     command = ["espeak-ng", "-v", voice, "-s", str(words_per_minute), "-w", str(scratch), text]
     subprocess.run(command, check=True, capture_output=True)
     return load_audio(scratch)
+
+
+def librivox_recording(path: Path, min_seconds: float = 600.0) -> Path:
+    """Real speech: the five LibriVox clips (24.7 s) joined in successive orders until the recording
+    lasts at least `min_seconds`, so every 30 s window is continuous read speech by one speaker."""
+    from itertools import permutations
+
+    from asyncspec.datasets import librivox_clips
+
+    if path.is_file() and soundfile.info(str(path)).duration >= min_seconds:
+        return path
+    clips = [load_audio(clip.path) for clip in librivox_clips()]
+    pieces, total = [], 0.0
+    for order in permutations(range(len(clips))):
+        pieces += [clips[i] for i in order]
+        total += sum(len(clips[i]) for i in order) / SAMPLE_RATE
+        if total >= min_seconds:
+            break
+    path.parent.mkdir(parents=True, exist_ok=True)
+    soundfile.write(str(path), np.concatenate(pieces), SAMPLE_RATE, subtype="PCM_16")
+    return path

@@ -17,11 +17,17 @@ from typing import Any
 
 HELP = "requests every 30 s over a long recording: target vs sd vs specasr vs as2d latency"
 METHOD_ORDER = ["target", "sd", "specasr", "as2d"]
-DEFAULT_RECORDING = "ondemand_long.wav"
+RECORDINGS = {"espeak": "ondemand_espeak.wav", "librivox": "ondemand_librivox.wav"}
 
 
 def add_arguments(parser, decoding_options) -> None:
-    parser.add_argument("--audio", metavar="FILE", help="a long recording (default: >= 10 min built with espeak-ng)")
+    parser.add_argument("--audio", metavar="FILE", help="a long recording (default: built, see --recording)")
+    parser.add_argument(
+        "--recording",
+        choices=["espeak", "librivox"],
+        default="espeak",
+        help="without --audio: >= 10 min of public-domain prose by espeak-ng, or the LibriVox clips joined",
+    )
     parser.add_argument("--every", type=float, default=30.0, help="seconds between request positions")
     parser.add_argument("--until", type=float, default=600.0, help="last position (seconds into the recording)")
     parser.add_argument("--window-s", type=float, default=30.0, help="latest audio each request transcribes")
@@ -37,7 +43,7 @@ def run(args) -> int:
     from asyncspec.commands.report import progress
     from asyncspec.commands.transcribe import decode_config, load_models
     from asyncspec.errors import InputError
-    from asyncspec.longform import long_recording
+    from asyncspec.longform import librivox_recording, long_recording
     from asyncspec.models.hf_whisper import WhisperBackend
 
     if not args.every > 0:
@@ -45,7 +51,8 @@ def run(args) -> int:
     methods = [m for m in METHOD_ORDER if m in args.methods or m == "target"]
     args.methods = methods
     out = Path(args.out)
-    path = Path(args.audio) if args.audio else long_recording(out / DEFAULT_RECORDING)
+    build = {"espeak": long_recording, "librivox": librivox_recording}[args.recording]
+    path = Path(args.audio) if args.audio else build(out / RECORDINGS[args.recording])
     samples = load_audio(path)
     config = decode_config(args)
     load_before = os.getloadavg()

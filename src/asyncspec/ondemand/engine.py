@@ -71,6 +71,7 @@ class Response:
     prepared: bool = False  # answered from state prepared in the background
     producer_start_after_arrival_s: float | None = None  # as2d: when its producer started drafting
     finish_reason: str = ""
+    method_stats: dict[str, Any] = field(default_factory=dict)  # target calls, acceptance, As²d coverage
 
     def as_dict(self) -> dict[str, Any]:
         return {k: v for k, v in self.__dict__.items() if k != "tokens"} | {"n_tokens": len(self.tokens)}
@@ -145,6 +146,7 @@ class Engine:
         self.queue: queue.Queue[Job | None] = queue.Queue(maxsize=max_queue)
         self.counters = EngineCounters()
         self.busy = False
+        self.current: Job | None = None  # the job being decoded
         self._closed = False
         self.thread = threading.Thread(target=self._work, name="engine", daemon=True)
 
@@ -207,6 +209,7 @@ class Engine:
                 self.counters.cancelled += 1
                 job.future.set_exception(RequestCancelled("the client disconnected while queued"))
                 continue
+            self.current = job
             try:
                 job.future.set_result(self._run(job))
                 self.counters.completed += 1
@@ -216,6 +219,8 @@ class Engine:
             except Exception as error:  # a failed request is reported to its client; the service goes on
                 self.counters.failed += 1
                 job.future.set_exception(error)
+            finally:
+                self.current = None
 
     def _run(self, job: Job) -> Response:
         started = time.perf_counter()
@@ -286,4 +291,22 @@ class Engine:
             if isinstance(producer, TrackedProducer) and producer.started_at
             else None,
             finish_reason=results[-1].stats.finish_reason if results else "",
+            method_stats=_method_stats(results),
         )
+
+
+def _method_stats(results: list[DecodeResult]) -> dict[str, Any]:
+    stats = [r.stats for r in results]
+    widths = [w for s in stats for w in s.call_widths]
+    figures = {
+        "target_calls": sum(s.target_calls for s in stats),
+        "drafted": sum(s.drafted for s in stats),
+        "accepted": sum(s.accepted for s in stats),
+        "k1_share": round(widths.count(1) / len(widths), 3) if widths else 0.0,
+    }
+    n_tokens = sum(len(r.tokens) for r in results)
+    figures["coverage"] = round(figures["accepted"] / n_tokens, 3) if n_tokens else 0.0
+    published = [s.extra.get("published") for s in stats if "published" in s.extra]
+    if published:
+        figures["published"] = sum(published)
+    return figures

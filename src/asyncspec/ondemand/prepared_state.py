@@ -22,6 +22,10 @@ from asyncspec.models.base import DecodeRequest, DecoderState
 from asyncspec.models.hf_whisper import WhisperBackend
 from asyncspec.ondemand.ingest import AudioBlock, LatestWindow
 
+# openai-whisper's default output length per 30 s window (n_text_ctx // 2): a window on which the
+# decoder starts looping stops there, as in the reference implementation, not at 448 positions.
+WHISPER_SAMPLE_LEN = 224
+
 
 @dataclass(frozen=True)
 class PreparedWindow:
@@ -44,7 +48,7 @@ def prepare_window(
     target: WhisperBackend, audio: np.ndarray, version: int, end_s: float, language: str = "en"
 ) -> PreparedWindow:
     began = time.perf_counter()
-    request = target.request(audio, language=language)
+    request = target.request(audio, language=language, max_new_tokens=WHISPER_SAMPLE_LEN)
     state = target.prefill(request)  # encoder + the prompt's decoder pass (fills cross-attention KV)
     finished = time.perf_counter()
     return PreparedWindow(version, end_s, request, state, finished - began, finished)
