@@ -29,12 +29,14 @@ def running_server(app):
         thread.join(timeout=10)
 
 
-def raw_request(base_url: str, payload: bytes, read: bool = True) -> bytes:
-    """Send bytes over a plain socket (to send what no HTTP client would), then read the reply."""
+def raw_request(base_url: str, payload: bytes, read: bool = True, hang_up: bool = False) -> bytes:
+    """Send bytes over a plain socket (to send what no HTTP client would), then read the reply;
+    with hang_up, close our sending side first (the server sees the client go away)."""
     host, port = base_url.removeprefix("http://").split(":")
     with socket.create_connection((host, int(port)), timeout=30) as connection:
         connection.sendall(payload)
-        connection.shutdown(socket.SHUT_WR)
+        if hang_up:
+            connection.shutdown(socket.SHUT_WR)
         if not read:
             return b""
         chunks = []

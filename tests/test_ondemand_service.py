@@ -88,7 +88,7 @@ def test_truncated_multipart_body_is_a_400_and_the_server_goes_on(target):
         assert reply.startswith(b"HTTP/1.1 400") and b"multipart" in reply
         # the declared length is larger than what is sent before the client hangs up
         short = request.replace(f"Content-Length: {len(body)}".encode(), f"Content-Length: {len(body) + 5000}".encode())
-        raw_request(url, short)
+        raw_request(url, short, hang_up=True)
         files = {"file": ("a.wav", _wav(), "audio/wav")}
         import httpx
 
@@ -187,7 +187,7 @@ def test_client_disconnect_over_http_cancels_the_request(target):
     try:
         with running_server(create_app(engine)) as url:
             request = b"POST /v1/stream/transcriptions HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n"
-            raw_request(url, request, read=False)  # sends, then closes without reading the answer
+            raw_request(url, request, read=False, hang_up=True)  # sends, then goes away without the answer
             deadline = time.monotonic() + 10
             while time.monotonic() < deadline and not (engine.current and engine.current.cancelled.is_set()):
                 time.sleep(0.02)
