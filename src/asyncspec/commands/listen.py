@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from asyncspec.audio import load_audio
 from asyncspec.errors import InputError
-from asyncspec.ondemand.ingest import PACES, PCM_FORMATS, AudioBlock, file_blocks, pcm_blocks
+from asyncspec.ondemand.ingest import PACES, PCM_FORMATS, AudioBlock, LatestWindow, file_blocks, pcm_blocks
 
 HELP = "serve transcription requests over a live audio stream (or --auto: transcribe every block)"
 
@@ -50,6 +51,7 @@ def run(args) -> int:
     if args.reset_s < args.block_s:
         raise InputError(f"--reset-s ({args.reset_s}) must be at least --block-s ({args.block_s})")
     config = decode_config(args)
+    LatestWindow(args.window_s)  # checks --window-s
     blocks = input_blocks(args)  # a bad file fails here, before any model is loaded
     with load_models(args, WhisperBackend, "speech") as (target, drafters):
         if args.auto:
@@ -61,7 +63,7 @@ def serve(args, target, drafters, config, blocks) -> int:
     import uvicorn
 
     from asyncspec.ondemand.engine import Engine
-    from asyncspec.ondemand.ingest import Ingestor, LatestWindow
+    from asyncspec.ondemand.ingest import Ingestor
     from asyncspec.ondemand.prepared_state import Preparer
     from asyncspec.ondemand.service import create_app, service_status
 
@@ -82,7 +84,7 @@ def serve(args, target, drafters, config, blocks) -> int:
 
 
 def run_auto(args, target, drafters, config, blocks) -> int:
-    from asyncspec.ondemand.ingest import Ingestor, LatestWindow
+    from asyncspec.ondemand.ingest import Ingestor
     from asyncspec.ondemand.streaming import AutoTranscriber, plot_streaming, records_json, summarize
 
     method = args.methods[0]
@@ -95,10 +97,12 @@ def run_auto(args, target, drafters, config, blocks) -> int:
     load_before = os.getloadavg()
     auto.start()
     ingestor.start()
+    _interrupt_on(signal.SIGINT, signal.SIGTERM)  # also when started in the background, where SIGINT is ignored
     try:
         ingestor.done.wait()
     except KeyboardInterrupt:
-        print("asyncspec listen: interrupted; summarising the blocks done so far", file=sys.stderr)
+        print("asyncspec listen: interrupted; summarising the blocks received so far", file=sys.stderr)
+        ingestor.stop()
     auto.end()
     auto.thread.join()
     audio_s = ingestor.status.seconds
@@ -125,6 +129,14 @@ def run_auto(args, target, drafters, config, blocks) -> int:
         plot_streaming(auto.records, args.block_s, out / "listen_auto.png", title)
     print(f"wrote {out / 'listen_auto.json'} and listen_auto.png")
     return 0
+
+
+def _interrupt_on(*signals: int) -> None:
+    def interrupt(number, frame):
+        raise KeyboardInterrupt
+
+    for number in signals:
+        signal.signal(number, interrupt)
 
 
 def _print_block(record) -> None:

@@ -35,7 +35,10 @@ def file_blocks(samples: np.ndarray, block_s: float, pace: str) -> Iterator[Audi
     last sample would have been captured by a microphone started at the first block."""
     if pace not in PACES:
         raise InputError(f"--pace must be one of {', '.join(PACES)}, got {pace!r}")
-    size = _block_size(block_s)
+    return _paced(samples, _block_size(block_s), pace)  # arguments checked now, not at the first block
+
+
+def _paced(samples: np.ndarray, size: int, pace: str) -> Iterator[AudioBlock]:
     origin = time.perf_counter()
     for index, start in enumerate(range(0, len(samples), size)):
         chunk = samples[start : start + size]
@@ -50,8 +53,11 @@ def pcm_blocks(stream: BinaryIO, block_s: float, pcm_format: str = "s16le") -> I
     mid-block yields the partial block; a trailing partial sample is dropped (counted in the error)."""
     if pcm_format not in PCM_FORMATS:
         raise InputError(f"--pcm-format must be one of {', '.join(PCM_FORMATS)}, got {pcm_format!r}")
-    dtype = PCM_FORMATS[pcm_format]
-    want = _block_size(block_s) * dtype.itemsize
+    return _pcm(stream, _block_size(block_s), PCM_FORMATS[pcm_format])
+
+
+def _pcm(stream: BinaryIO, size: int, dtype: np.dtype) -> Iterator[AudioBlock]:
+    want = size * dtype.itemsize
     index, position = 0, 0
     while True:
         data = _read_fully(stream, want)
@@ -133,6 +139,7 @@ class Ingestor:
         self.blocks, self.window, self.status = blocks, window, IngestStatus()
         self.thread = threading.Thread(target=self._run, name="ingest", daemon=True)
         self.done = threading.Event()
+        self._stop = threading.Event()
 
     def subscribe(self, listener: Callable[[AudioBlock], None]) -> None:
         self.status.listeners.append(listener)
@@ -141,9 +148,15 @@ class Ingestor:
         self.thread.start()
         return self
 
+    def stop(self) -> None:
+        """Stop after the block being read (the input is not drained)."""
+        self._stop.set()
+
     def _run(self) -> None:
         try:
             for block in self.blocks:
+                if self._stop.is_set():
+                    break
                 self.window.append(block)
                 self.status.blocks += 1
                 self.status.seconds = block.end_s
