@@ -4,8 +4,8 @@ POST /v1/audio/transcriptions   multipart `file` (+ model, language, response_fo
                                  and `method` as an extension), as the OpenAI audio API
 POST /v1/stream/transcriptions  the latest `seconds` of the live input, from the prepared state
 GET  /v1/stream/status          ingestion, preparation, queue and memory
-Errors use OpenAI's shape {"error": {"message", "type", "code"}}: 400 bad input, 413 too long,
-429 queue full, 503 no audio yet / closing, 499 (logged only) when the client went away.
+Errors use OpenAI's shape {"error": {"message", "type", "code"}}: 400 bad input (also uploads over
+MAX_UPLOAD_S), 429 queue full, 503 no audio yet / closing, 499 (logged only) when the client went away.
 """
 
 from __future__ import annotations
