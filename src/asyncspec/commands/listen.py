@@ -111,6 +111,7 @@ def run_auto(args, target, drafters, config, blocks) -> int:
     summary.update(
         method=method,
         model=args.model,
+        dtype=args.dtype,
         block_s=args.block_s,
         reset_s=args.reset_s,
         pace=args.pace,
@@ -125,7 +126,8 @@ def run_auto(args, target, drafters, config, blocks) -> int:
     (out / "listen_auto.json").write_text(json.dumps(report, indent=1))
     print_auto_summary(summary)
     if auto.records:
-        title = f"{method}: {summary['blocks']} blocks of {args.block_s:g} s, load {load_before[0]:.1f}"
+        title = f"{method}, {args.model} {args.dtype}: {summary['blocks']} blocks of {args.block_s:g} s, "
+        title += f"load {load_before[0]:.1f}"
         plot_streaming(auto.records, args.block_s, out / "listen_auto.png", title)
     print(f"wrote {out / 'listen_auto.json'} and listen_auto.png")
     return 0
