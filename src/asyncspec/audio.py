@@ -3,6 +3,7 @@ validated, and split into windows of at most 30 s (each window is decoded as one
 
 from __future__ import annotations
 
+import io
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,21 +35,34 @@ def load_audio(path: str | Path, max_seconds: float = MAX_SECONDS) -> np.ndarray
     path = Path(path)
     if not path.is_file():
         raise InputError(f"{path}: no such file")
+    return _read_audio(str(path), str(path), max_seconds)
+
+
+def decode_audio_bytes(data: bytes, label: str, max_seconds: float = MAX_SECONDS) -> np.ndarray:
+    """The same for an in-memory file (an upload), or InputError saying what is wrong."""
+    if not data:
+        raise InputError(f"{label}: the upload is empty")
+    return _read_audio(io.BytesIO(data), label, max_seconds)
+
+
+def _read_audio(source: str | io.BytesIO, label: str, max_seconds: float) -> np.ndarray:
     try:
-        info = soundfile.info(str(path))
+        info = soundfile.info(source)
     except (RuntimeError, soundfile.LibsndfileError) as error:
-        raise InputError(f"{path}: not a readable audio file ({_first_line(error)})") from None
+        raise InputError(f"{label}: not a readable audio file ({_first_line(error)})") from None
     if info.frames <= 0 or info.samplerate <= 0:
-        raise InputError(f"{path}: the audio is empty")
+        raise InputError(f"{label}: the audio is empty")
     if info.frames / info.samplerate > max_seconds:
         raise InputError(
-            f"{path}: {info.frames / info.samplerate:.0f} s of audio exceeds the limit of {max_seconds:.0f} s"
+            f"{label}: {info.frames / info.samplerate:.0f} s of audio exceeds the limit of {max_seconds:.0f} s"
         )
+    if isinstance(source, io.BytesIO):
+        source.seek(0)
     try:
-        data, rate = soundfile.read(str(path), dtype="float32", always_2d=True)
+        data, rate = soundfile.read(source, dtype="float32", always_2d=True)
     except (RuntimeError, soundfile.LibsndfileError) as error:
-        raise InputError(f"{path}: cannot decode the audio ({_first_line(error)})") from None
-    return validate_samples(to_mono_16k(data, rate), str(path))
+        raise InputError(f"{label}: cannot decode the audio ({_first_line(error)})") from None
+    return validate_samples(to_mono_16k(data, rate), label)
 
 
 def to_mono_16k(data: np.ndarray, rate: int) -> np.ndarray:

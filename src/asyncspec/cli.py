@@ -80,12 +80,16 @@ def build_parser() -> argparse.ArgumentParser:
     ondevice.add_argument("--catalog", default=CATALOG, help="--oracle: producers the oracle may pick from")
     _decoding_options(ondevice, "whisper-base", "whisper-tiny.en")
     ondevice.set_defaults(method="sd,specasr,as2d", json=False)
+    from asyncspec.benchmarks import ondemand as ondemand_bench
+    from asyncspec.commands import listen
     from asyncspec.commands.profiling_cli import add_profile, add_replay, add_select_budget
 
     for add in (add_profile, add_replay, add_select_budget):
         add(commands)
     link_command.add_parser(commands)
     serve.add_commands(commands)
+    ondemand_bench.add_arguments(benches.add_parser("ondemand", help=ondemand_bench.HELP), _decoding_options)
+    listen.add_arguments(commands.add_parser("listen", help=listen.HELP), _decoding_options)
     return parser
 
 
@@ -119,7 +123,7 @@ def _dispatch(args: argparse.Namespace) -> int:
 
         apply_deployed(args)
 
-    from asyncspec.commands import profile, replay, select_budget
+    from asyncspec.commands import listen, profile, replay, select_budget
 
     handlers = {
         "models": models.run,
@@ -131,7 +135,12 @@ def _dispatch(args: argparse.Namespace) -> int:
         "select-budget": select_budget.run,
         "serve": serve.run,
         "client": serve.run,
+        "listen": listen.run,
     }
+    if args.command == "bench" and args.bench == "ondemand":
+        from asyncspec.benchmarks import ondemand as ondemand_bench
+
+        return ondemand_bench.run(args)
     if args.command == "bench":
         from asyncspec.benchmarks import methods as methods_bench
         from asyncspec.benchmarks import ondevice as ondevice_bench

@@ -1,0 +1,167 @@
+"""`asyncspec listen`: ingest a live audio stream and answer transcription requests over HTTP from
+the state prepared in the background; with --auto, transcribe every block as it arrives instead."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+from asyncspec.audio import load_audio
+from asyncspec.errors import InputError
+from asyncspec.ondemand.ingest import PACES, PCM_FORMATS, AudioBlock, LatestWindow, file_blocks, pcm_blocks
+
+HELP = "serve transcription requests over a live audio stream (or --auto: transcribe every block)"
+
+
+def add_arguments(parser, decoding_options: Callable) -> None:
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--audio", metavar="FILE", help="an audio file fed as a stream (see --pace)")
+    source.add_argument("--stdin", action="store_true", help="raw mono 16 kHz PCM on stdin (see --pcm-format)")
+    parser.add_argument("--pace", choices=PACES, default="realtime", help="file input: real time or as fast as read")
+    parser.add_argument("--pcm-format", choices=list(PCM_FORMATS), default="s16le")
+    parser.add_argument("--block-s", type=float, default=4.0, help="seconds of audio per ingested block")
+    parser.add_argument("--window-s", type=float, default=30.0, help="latest audio retained and prepared (<= 30)")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--max-queue", type=int, default=4, help="requests waiting beyond this get HTTP 429")
+    parser.add_argument("--auto", action="store_true", help="transcribe every block as it completes (no server)")
+    parser.add_argument("--reset-s", type=float, default=12.0, help="--auto: audio and text context reset period")
+    parser.add_argument("--out", default="out", help="--auto: folder for listen_auto.json and listen_auto.png")
+    parser.add_argument("--language", default="en")
+    decoding_options(parser, "whisper-base", "whisper-tiny.en")
+    parser.set_defaults(method="as2d")
+
+
+def input_blocks(args) -> Iterator[AudioBlock]:
+    if args.stdin:
+        return pcm_blocks(sys.stdin.buffer, args.block_s, args.pcm_format)
+    return file_blocks(load_audio(args.audio), args.block_s, args.pace)
+
+
+def run(args) -> int:
+    from asyncspec.commands.transcribe import decode_config, load_models
+    from asyncspec.models.hf_whisper import WhisperBackend
+
+    if args.max_queue < 1:
+        raise InputError(f"--max-queue must be at least 1, got {args.max_queue}")
+    if args.reset_s < args.block_s:
+        raise InputError(f"--reset-s ({args.reset_s}) must be at least --block-s ({args.block_s})")
+    config = decode_config(args)
+    LatestWindow(args.window_s)  # checks --window-s
+    blocks = input_blocks(args)  # a bad file fails here, before any model is loaded
+    with load_models(args, WhisperBackend, "speech") as (target, drafters):
+        if args.auto:
+            return run_auto(args, target, drafters, config, blocks)
+        return serve(args, target, drafters, config, blocks)
+
+
+def serve(args, target, drafters, config, blocks) -> int:
+    import uvicorn
+
+    from asyncspec.ondemand.engine import Engine
+    from asyncspec.ondemand.ingest import Ingestor
+    from asyncspec.ondemand.prepared_state import Preparer
+    from asyncspec.ondemand.service import create_app, service_status
+
+    window = LatestWindow(args.window_s)
+    preparer = Preparer(target, window, args.language).start()
+    ingestor = Ingestor(blocks, window)
+    ingestor.subscribe(preparer.on_block)
+    engine = Engine(target, drafters, window, preparer, ingestor, args.max_queue, args.methods[0], config).start()
+    ingestor.start()
+    print(f"asyncspec listen: http://{args.host}:{args.port} (methods {', '.join(args.methods)})", file=sys.stderr)
+    try:
+        uvicorn.run(create_app(engine, args.model), host=args.host, port=args.port, log_level="warning")
+    finally:
+        engine.close()
+        preparer.close()
+        print(json.dumps(service_status(engine)), file=sys.stderr)
+    return 0
+
+
+def run_auto(args, target, drafters, config, blocks) -> int:
+    from asyncspec.ondemand.ingest import Ingestor
+    from asyncspec.ondemand.streaming import AutoTranscriber, plot_streaming, records_json, summarize
+
+    method = args.methods[0]
+    window = LatestWindow(min(args.window_s, args.reset_s, 30.0))
+    auto = AutoTranscriber(
+        target, drafters.get(method), method, config, args.block_s, args.reset_s, args.language, on_record=_print_block
+    )
+    ingestor = Ingestor(blocks, window)
+    ingestor.subscribe(auto.on_block)
+    load_before = os.getloadavg()
+    auto.start()
+    ingestor.start()
+    _interrupt_on(signal.SIGINT, signal.SIGTERM)  # also when started in the background, where SIGINT is ignored
+    try:
+        ingestor.done.wait()
+    except KeyboardInterrupt:
+        print("asyncspec listen: interrupted; summarising the blocks received so far", file=sys.stderr)
+        ingestor.stop()
+    auto.end()
+    auto.thread.join()
+    audio_s = ingestor.status.seconds
+    elapsed = (auto.finished_at or 0.0) - (auto.origin or 0.0)
+    summary = summarize(auto.records, args.block_s, audio_s, elapsed, auto.dropped_blocks)
+    summary.update(
+        method=method,
+        model=args.model,
+        dtype=args.dtype,
+        block_s=args.block_s,
+        reset_s=args.reset_s,
+        pace=args.pace,
+        cores=os.cpu_count(),
+        load_average_before=load_before,
+        load_average_after=os.getloadavg(),
+        input_error=ingestor.status.error,
+    )
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    report = {"summary": summary, "blocks": records_json(auto.records)}
+    (out / "listen_auto.json").write_text(json.dumps(report, indent=1))
+    print_auto_summary(summary)
+    if auto.records:
+        title = f"{method}, {args.model} {args.dtype}: {summary['blocks']} blocks of {args.block_s:g} s, "
+        title += f"load {load_before[0]:.1f}"
+        plot_streaming(auto.records, args.block_s, out / "listen_auto.png", title)
+    print(f"wrote {out / 'listen_auto.json'} and listen_auto.png")
+    return 0
+
+
+def _interrupt_on(*signals: int) -> None:
+    def interrupt(number, frame):
+        raise KeyboardInterrupt
+
+    for number in signals:
+        signal.signal(number, interrupt)
+
+
+def _print_block(record) -> None:
+    print(
+        f"[{record.start_s:7.1f}-{record.end_s:7.1f} s] lag {record.completion_lag_s:5.2f} s "
+        f"wait {record.queue_wait_s:5.2f} s | {record.text}",
+        flush=True,
+    )
+
+
+def print_auto_summary(summary: dict) -> None:
+    if not summary["blocks"]:
+        print("no block was transcribed")
+        return
+    print(f"{'per block':18s} {'mean':>8s} {'p95':>8s} {'max':>8s}")
+    for name in ("queue_wait_s", "processing_s", "completion_lag_s", "active_rtf", "resource_rtf", "decode_tps"):
+        f = summary[name]
+        print(f"{name:18s} {f['mean']:8.3f} {f['p95']:8.3f} {f['max']:8.3f}")
+    verdict = "keeps pace" if summary["keeps_pace"] else "does NOT keep pace"
+    print(
+        f"{summary['blocks']} blocks, {summary['audio_s']:.0f} s of audio in {summary['elapsed_s']:.0f} s "
+        f"(resource RTF {summary['overall_resource_rtf']}); final lag {summary['final_completion_lag_s']:.2f} s, "
+        f"max backlog {summary['max_backlog_blocks']} blocks, queue-wait slope {summary['queue_wait_slope_s_per_s']}"
+        f" s/s, capped outputs {summary['capped_outputs']}: {verdict}; load average "
+        f"{summary['load_average_before'][0]:.2f} -> {summary['load_average_after'][0]:.2f}"
+    )

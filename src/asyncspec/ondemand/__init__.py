@@ -1,0 +1,1 @@
+"""On-demand audio service: ingestion, background preparation, requests over HTTP, streaming."""

@@ -1,0 +1,312 @@
+"""Requests against the prepared state: a bounded queue and one worker that owns the target.
+
+A request's audio view is fixed at its arrival (the latest window received by then, or its upload).
+The worker charges any preparation still missing at that moment to the request as residual
+preparation, then decodes with the chosen method from a copy of the prepared state. As²d's producer
+is started by the method itself, after the request arrived, never before (seed 000 App. A).
+A request whose client went away is skipped if still queued, or stopped at its next target call.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from asyncspec.audio import SAMPLE_RATE, split_windows
+from asyncspec.decoding.methods import METHODS
+from asyncspec.decoding.result import DecodeConfig, DecodeResult
+from asyncspec.errors import InputError
+from asyncspec.models.hf_whisper import WhisperBackend
+from asyncspec.ondemand.ingest import Ingestor, LatestWindow
+from asyncspec.ondemand.prepared_state import PreparedWindow, Preparer, clone_state, prepare_window
+
+RESIDUAL_WAIT_S = 60.0  # longest a request waits for the background preparation of its window
+
+
+class QueueFull(RuntimeError):
+    """More requests are waiting than the service accepts (HTTP 429)."""
+
+
+class ServiceUnavailable(RuntimeError):
+    """No audio to answer from yet, or the service is closing (HTTP 503)."""
+
+
+class RequestCancelled(RuntimeError):
+    """The client went away; the request's work was stopped."""
+
+
+@dataclass
+class Job:
+    method: str
+    audio: np.ndarray  # the request's fixed audio view (float32, 16 kHz)
+    config: DecodeConfig
+    live_version: int | None = None  # live requests: blocks received at arrival
+    live_end_s: float | None = None
+    language: str = "en"
+    arrived: float = field(default_factory=time.perf_counter)
+    cancelled: threading.Event = field(default_factory=threading.Event)
+    future: Future = field(default_factory=Future)
+
+
+@dataclass
+class Response:
+    text: str
+    tokens: list[int]
+    method: str
+    audio_s: float
+    latency_s: float  # request arrival -> complete response
+    queue_wait_s: float
+    residual_prepare_s: float  # preparation of this request's window still missing at its arrival
+    tps: float  # body tokens / request-to-completion time
+    decode_tps: float  # body tokens / decoding time (after the copied or fresh prefill)
+    stages: dict[str, float]
+    windows: int = 1
+    window_end_s: float | None = None  # live requests: stream time of the window's last sample
+    prepared: bool = False  # answered from state prepared in the background
+    producer_start_after_arrival_s: float | None = None  # as2d: when its producer started drafting
+    finish_reason: str = ""
+    method_stats: dict[str, Any] = field(default_factory=dict)  # target calls, acceptance, As²d coverage
+
+    def as_dict(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if k != "tokens"} | {"n_tokens": len(self.tokens)}
+
+
+class PreparedTarget:
+    """The target as a method sees it: prefill of the prepared request is a copy of the prepared
+    state; every target call first checks whether the request was cancelled."""
+
+    def __init__(self, target: WhisperBackend, prepared: PreparedWindow, cancelled: threading.Event):
+        self._target, self._prepared, self._cancelled = target, prepared, cancelled
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._target, name)
+
+    def prefill(self, request, encoded=None):
+        if request is self._prepared.request:
+            return clone_state(self._prepared.state)
+        return self._target.prefill(request, encoded)
+
+    def extend(self, state, tokens):
+        if self._cancelled.is_set():
+            raise RequestCancelled("the client disconnected")
+        return self._target.extend(state, tokens)
+
+
+class TrackedProducer:
+    """As²d's producer with its open request remembered, so a cancelled request can stop it."""
+
+    def __init__(self, producer):
+        self.producer, self.open, self.started_at = producer, None, None
+
+    def start(self, audio):
+        self.started_at = time.perf_counter()
+        self.open = self.producer.start(audio)
+        return self.open
+
+    def finish(self, buffer) -> None:
+        self.open = None
+        self.producer.finish(buffer)
+
+    def abort(self) -> None:
+        if self.open is not None:
+            self.finish(self.open)
+
+
+@dataclass
+class EngineCounters:
+    accepted: int = 0
+    completed: int = 0
+    rejected_full: int = 0
+    cancelled: int = 0
+    failed: int = 0
+
+
+class Engine:
+    def __init__(
+        self,
+        target: WhisperBackend,
+        drafters: dict[str, Any],
+        window: LatestWindow,
+        preparer: Preparer | None,
+        ingestor: Ingestor | None = None,
+        max_queue: int = 4,
+        default_method: str = "as2d",
+        default_config: DecodeConfig | None = None,
+    ):
+        self.target, self.window, self.preparer, self.ingestor = target, window, preparer, ingestor
+        self.drafters_raw = drafters
+        self.drafters = {name: TrackedProducer(d) if name == "as2d" and d else d for name, d in drafters.items()}
+        self.default_method, self.default_config = default_method, default_config or DecodeConfig()
+        self.queue: queue.Queue[Job | None] = queue.Queue(maxsize=max_queue)
+        self.counters = EngineCounters()
+        self.busy = False
+        self.current: Job | None = None  # the job being decoded
+        self._closed = False
+        self.thread = threading.Thread(target=self._work, name="engine", daemon=True)
+
+    def start(self) -> Engine:
+        self.thread.start()
+        return self
+
+    def close(self) -> None:
+        self._closed = True
+        try:
+            self.queue.put_nowait(None)
+        except queue.Full:
+            pass
+        self.thread.join(timeout=30)
+
+    # -- submission (any thread) --
+
+    def check_method(self, method: str | None) -> str:
+        method = method or self.default_method
+        if method not in METHODS:
+            raise InputError(f"unknown method {method!r}; choose from {', '.join(METHODS)}")
+        if method != "target" and self.drafters.get(method) is None:
+            raise InputError(f"method {method!r} is not loaded in this service (start it with --method {method})")
+        return method
+
+    def submit_upload(self, audio: np.ndarray, method: str | None, config: DecodeConfig | None, language="en") -> Job:
+        return self._submit(Job(self.check_method(method), audio, config or self.default_config, language=language))
+
+    def submit_live(self, seconds: float | None, method: str | None, config: DecodeConfig | None = None) -> Job:
+        """The latest `seconds` of the live input (the whole retained window by default), as received now."""
+        method = self.check_method(method)
+        if seconds is not None and not 0 < seconds <= self.window.window_s:
+            raise InputError(f"seconds must be in (0, {self.window.window_s:g}], got {seconds}")
+        version, end_s, audio = self.window.latest(seconds)
+        if version == 0 or not len(audio):
+            ended = self.ingestor is not None and self.ingestor.status.ended
+            raise ServiceUnavailable("the input stream ended without audio" if ended else "no audio has arrived yet")
+        job = Job(method, audio.copy(), config or self.default_config, live_version=version, live_end_s=end_s)
+        return self._submit(job)
+
+    def _submit(self, job: Job) -> Job:
+        if self._closed:
+            raise ServiceUnavailable("the service is shutting down")
+        try:
+            self.queue.put_nowait(job)
+        except queue.Full:
+            self.counters.rejected_full += 1
+            raise QueueFull(f"{self.queue.maxsize} requests are already waiting; retry later") from None
+        self.counters.accepted += 1
+        return job
+
+    # -- the worker (one thread owns the target) --
+
+    def _work(self) -> None:
+        while True:
+            job = self.queue.get()
+            if job is None:
+                return
+            if job.cancelled.is_set():
+                self.counters.cancelled += 1
+                job.future.set_exception(RequestCancelled("the client disconnected while queued"))
+                continue
+            self.current = job
+            try:
+                job.future.set_result(self._run(job))
+                self.counters.completed += 1
+            except RequestCancelled as error:
+                self.counters.cancelled += 1
+                job.future.set_exception(error)
+            except Exception as error:  # a failed request is reported to its client; the service goes on
+                self.counters.failed += 1
+                job.future.set_exception(error)
+            finally:
+                self.current = None
+
+    def _run(self, job: Job) -> Response:
+        started = time.perf_counter()
+        windows, residual = self._prepared_windows(job)
+        results = []
+        producer = self.drafters.get(job.method)
+        if isinstance(producer, TrackedProducer):
+            producer.started_at = None
+        if self.preparer is not None:
+            self.preparer.requests_idle.clear()
+        self.busy = True
+        try:
+            for prepared in windows:
+                results.append(self._decode(job, prepared))
+        finally:
+            self.busy = False
+            if self.preparer is not None:
+                self.preparer.requests_idle.set()
+        return self._response(job, started, windows, results, residual)
+
+    def _prepared_windows(self, job: Job) -> tuple[list[PreparedWindow], float]:
+        """The request's windows, prepared: from the background when it prepared exactly this view,
+        else here (that time is residual preparation, charged to the request)."""
+        began = time.perf_counter()
+        if job.live_version is not None and self.preparer is not None:
+            remaining = max(0.0, RESIDUAL_WAIT_S - (began - job.arrived))
+            prepared = self.preparer.wait_for(job.live_version, remaining)
+            if prepared and prepared.version == job.live_version and np.array_equal(prepared.request.audio, job.audio):
+                return [prepared], time.perf_counter() - began
+        views = [job.audio] if job.live_version is not None else [w.samples for w in split_windows(job.audio)]
+        windows = [prepare_window(self.target, audio, 0, 0.0, job.language) for audio in views]
+        return windows, time.perf_counter() - began
+
+    def _decode(self, job: Job, prepared: PreparedWindow) -> DecodeResult:
+        target = PreparedTarget(self.target, prepared, job.cancelled)
+        drafter = self.drafters.get(job.method)
+        try:
+            return METHODS[job.method](target, drafter, prepared.request, job.config)
+        finally:
+            if isinstance(drafter, TrackedProducer):
+                drafter.abort()  # only does something when the decode was interrupted
+
+    def _response(self, job, started, windows, results: list[DecodeResult], residual: float) -> Response:
+        finished = time.perf_counter()
+        tokens = [t for r in results for t in r.tokens]
+        latency = finished - job.arrived
+        decode_s = sum(r.stats.decode_s for r in results)
+        stages = {"queue_wait_s": started - job.arrived, "residual_prepare_s": residual}
+        for stage in ("prefill", "draft", "align", "verify"):
+            stages[f"{stage}_s"] = sum(r.trace.total(stage) for r in results)
+        stages["decode_s"] = decode_s
+        producer = self.drafters.get(job.method)
+        return Response(
+            text=" ".join(self.target.tokenizer.decode(r.tokens).strip() for r in results).strip(),
+            tokens=tokens,
+            method=job.method,
+            audio_s=len(job.audio) / SAMPLE_RATE,
+            latency_s=latency,
+            queue_wait_s=started - job.arrived,
+            residual_prepare_s=residual,
+            tps=len(tokens) / latency if latency > 0 else 0.0,
+            decode_tps=len(tokens) / decode_s if decode_s > 0 else 0.0,
+            stages={k: round(v, 4) for k, v in stages.items()},
+            windows=len(windows),
+            window_end_s=job.live_end_s,
+            prepared=job.live_version is not None and windows[0].version == job.live_version,
+            producer_start_after_arrival_s=round(producer.started_at - job.arrived, 4)
+            if isinstance(producer, TrackedProducer) and producer.started_at
+            else None,
+            finish_reason=results[-1].stats.finish_reason if results else "",
+            method_stats=_method_stats(results),
+        )
+
+
+def _method_stats(results: list[DecodeResult]) -> dict[str, Any]:
+    stats = [r.stats for r in results]
+    widths = [w for s in stats for w in s.call_widths]
+    figures = {
+        "target_calls": sum(s.target_calls for s in stats),
+        "drafted": sum(s.drafted for s in stats),
+        "accepted": sum(s.accepted for s in stats),
+        "k1_share": round(widths.count(1) / len(widths), 3) if widths else 0.0,
+    }
+    n_tokens = sum(len(r.tokens) for r in results)
+    figures["coverage"] = round(figures["accepted"] / n_tokens, 3) if n_tokens else 0.0
+    published = [s.extra.get("published") for s in stats if "published" in s.extra]
+    if published:
+        figures["published"] = sum(published)
+    return figures

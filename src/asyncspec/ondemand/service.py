@@ -1,0 +1,213 @@
+"""HTTP endpoints (FastAPI): OpenAI-compatible uploads and requests over the live input.
+
+POST /v1/audio/transcriptions   multipart `file` (+ model, language, response_format, temperature,
+                                 and `method` as an extension), as the OpenAI audio API
+POST /v1/stream/transcriptions  the latest `seconds` of the live input, from the prepared state
+GET  /v1/stream/status          ingestion, preparation, queue and memory
+Errors use OpenAI's shape {"error": {"message", "type", "code"}}: 400 bad input (also uploads over
+MAX_UPLOAD_S), 429 queue full, 503 no audio yet / closing, 499 (logged only) when the client went away.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from starlette.formparsers import MultiPartException
+from starlette.requests import ClientDisconnect
+
+from asyncspec.audio import decode_audio_bytes
+from asyncspec.decoding.result import DecodeConfig
+from asyncspec.errors import InputError
+from asyncspec.ondemand.engine import Engine, Job, QueueFull, RequestCancelled, ServiceUnavailable
+from asyncspec.ondemand.engine import Response as Transcription
+from asyncspec.ondemand.memory import memory_report
+
+FORMATS = ("json", "text", "verbose_json")
+MAX_UPLOAD_BYTES = 64 << 20
+MAX_UPLOAD_S = 600.0  # ten minutes: longer uploads belong to the live input
+DISCONNECT_POLL_S = 0.05
+CLIENT_GONE = 499
+
+
+def create_app(engine: Engine, model_name: str = "whisper-base") -> FastAPI:
+    app = FastAPI(title="asyncspec on-demand transcription")
+
+    @app.exception_handler(InputError)
+    async def bad_input(_: Request, error: InputError) -> JSONResponse:
+        return _error(400, str(error), "invalid_request_error")
+
+    @app.exception_handler(QueueFull)
+    async def queue_full(_: Request, error: QueueFull) -> JSONResponse:
+        return _error(429, str(error), "rate_limit_exceeded", headers={"Retry-After": "1"})
+
+    @app.exception_handler(ServiceUnavailable)
+    async def unavailable(_: Request, error: ServiceUnavailable) -> JSONResponse:
+        return _error(503, str(error), "service_unavailable", headers={"Retry-After": "1"})
+
+    @app.exception_handler(RequestCancelled)
+    async def client_gone(_: Request, error: RequestCancelled) -> JSONResponse:
+        return _error(CLIENT_GONE, str(error), "client_closed_request")
+
+    @app.exception_handler(Exception)
+    async def failed(_: Request, error: Exception) -> JSONResponse:
+        return _error(500, f"{type(error).__name__}: {error}", "server_error")
+
+    @app.post("/v1/audio/transcriptions")
+    async def transcriptions(request: Request) -> Response:
+        fields, data = await _read_upload(request)
+        response_format = _format(fields.get("response_format"))
+        audio = await asyncio.to_thread(decode_audio_bytes, data, fields.get("filename", "upload"), MAX_UPLOAD_S)
+        config = _config(engine, fields.get("temperature"))
+        job = engine.submit_upload(audio, fields.get("method"), config, fields.get("language") or "en")
+        return _render(await _finish(request, job), response_format, fields.get("language") or "en")
+
+    @app.post("/v1/stream/transcriptions")
+    async def live(
+        request: Request, seconds: float | None = None, method: str | None = None, response_format: str = "json"
+    ) -> Response:
+        response_format = _format(response_format)
+        job = engine.submit_live(seconds, method)
+        return _render(await _finish(request, job), response_format, "en")
+
+    @app.get("/v1/stream/status")
+    async def status() -> dict[str, Any]:
+        return service_status(engine)
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        return {"object": "list", "data": [{"id": model_name, "object": "model", "owned_by": "asyncspec"}]}
+
+    @app.get("/healthz")
+    async def health() -> dict[str, str]:
+        return {"status": "ok"}
+
+    return app
+
+
+async def _read_upload(request: Request) -> tuple[dict[str, str], bytes]:
+    """The multipart form: a clear 400 when it is malformed, truncated or has no file."""
+    try:
+        form = await request.form(max_files=1, max_fields=32, max_part_size=MAX_UPLOAD_BYTES)
+        upload = form.get("file")
+        if upload is None or isinstance(upload, str):
+            raise InputError("the multipart form needs a `file` part with the audio")
+        data = await upload.read()
+    except MultiPartException as error:
+        raise InputError(f"malformed multipart body: {error.message}") from None
+    except ClientDisconnect:
+        raise InputError("the request body ended before it was complete (client disconnected)") from None
+    fields = {key: value for key, value in form.items() if isinstance(value, str)}
+    fields["filename"] = upload.filename or "upload"
+    return fields, data
+
+
+def _format(value: str | None) -> str:
+    value = value or "json"
+    if value not in FORMATS:
+        raise InputError(f"response_format must be one of {', '.join(FORMATS)} (got {value!r})")
+    return value
+
+
+def _config(engine: Engine, temperature: str | None) -> DecodeConfig:
+    if temperature in (None, ""):
+        return engine.default_config
+    try:
+        value = float(temperature)
+    except ValueError:
+        raise InputError(f"temperature must be a number, got {temperature!r}") from None
+    if value < 0:
+        raise InputError(f"temperature must be >= 0, got {value}")
+    return DecodeConfig(temperature=value, seed=engine.default_config.seed, budget=engine.default_config.budget)
+
+
+async def _finish(request: Request, job: Job) -> Transcription:
+    """Wait for the worker; if the client disconnects first, cancel the job so its work stops."""
+    future = asyncio.wrap_future(job.future)
+    future.add_done_callback(lambda f: f.cancelled() or f.exception())  # never an unretrieved exception
+    while True:
+        done, _ = await asyncio.wait({future}, timeout=DISCONNECT_POLL_S)
+        if done:
+            return future.result()
+        if await request.is_disconnected():
+            job.cancelled.set()
+            raise RequestCancelled("the client disconnected")
+
+
+def _render(result: Transcription, response_format: str, language: str) -> Response:
+    headers = {
+        "X-Asyncspec-Method": result.method,
+        "X-Asyncspec-Latency-S": f"{result.latency_s:.4f}",
+        "X-Asyncspec-Residual-Prepare-S": f"{result.residual_prepare_s:.4f}",
+        "X-Asyncspec-TPS": f"{result.tps:.2f}",
+    }
+    stats = result.as_dict()
+    if response_format == "text":
+        return PlainTextResponse(result.text + "\n", headers=headers)
+    if response_format == "json":
+        return JSONResponse({"text": result.text, "asyncspec": stats}, headers=headers)
+    segment = {"id": 0, "seek": 0, "start": 0.0, "end": result.audio_s, "text": result.text, "tokens": result.tokens}
+    body = {
+        "task": "transcribe",
+        "language": "english" if language == "en" else language,
+        "duration": result.audio_s,
+        "text": result.text,
+        "segments": [
+            segment | {"temperature": 0.0, "avg_logprob": 0.0, "compression_ratio": 0.0, "no_speech_prob": 0.0}
+        ],
+        "asyncspec": stats,
+    }
+    return JSONResponse(body, headers=headers)
+
+
+def _error(status: int, message: str, kind: str, headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse({"error": {"message": message, "type": kind, "code": status}}, status, headers=headers)
+
+
+def service_status(engine: Engine) -> dict[str, Any]:
+    producer = engine.drafters.get("as2d")
+    pid = getattr(getattr(getattr(producer, "producer", None), "process", None), "pid", None)
+    return {
+        "input": _input_status(engine),
+        "window": {
+            "seconds": engine.window.window_s,
+            "blocks": engine.window.blocks,
+            "dropped_s": round(engine.window.dropped_s, 3),
+        },
+        "prepared": _prepared_status(engine),
+        "queue": {"waiting": engine.queue.qsize(), "limit": engine.queue.maxsize, "busy": engine.busy},
+        "requests": dict(engine.counters.__dict__),
+        "memory": memory_report(engine.target, engine.drafters_raw, engine.window, engine.preparer, pid),
+    }
+
+
+def _input_status(engine: Engine) -> dict[str, Any] | None:
+    if engine.ingestor is None:
+        return None
+    status = engine.ingestor.status
+    since = None if status.last_arrival is None else round(time.perf_counter() - status.last_arrival, 3)
+    return {
+        "blocks": status.blocks,
+        "seconds": round(status.seconds, 3),
+        "ended": status.ended,
+        "error": status.error,
+        "since_last_block_s": since,
+    }
+
+
+def _prepared_status(engine: Engine) -> dict[str, Any] | None:
+    preparer = engine.preparer
+    if preparer is None or preparer.latest is None:
+        return None
+    latest = preparer.latest
+    return {
+        "blocks": latest.version,
+        "end_s": round(latest.end_s, 3),
+        "prepare_s": round(latest.prepare_s, 4),
+        "age_s": round(time.perf_counter() - latest.ready_at, 3),
+        "prepared_windows": preparer.prepared_windows,
+        "skipped_blocks": preparer.skipped_versions,
+    }

@@ -1,0 +1,45 @@
+"""Shared by the on-demand tests: a real uvicorn server on a free loopback port, in a thread."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from contextlib import contextmanager
+
+import uvicorn
+
+
+@contextmanager
+def running_server(app):
+    """Yields the base URL of a uvicorn server serving `app`; stops it on exit."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not server.started and time.monotonic() < deadline:
+        time.sleep(0.02)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+
+
+def raw_request(base_url: str, payload: bytes, read: bool = True, hang_up: bool = False) -> bytes:
+    """Send bytes over a plain socket (to send what no HTTP client would), then read the reply;
+    with hang_up, close our sending side first (the server sees the client go away)."""
+    host, port = base_url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=30) as connection:
+        connection.sendall(payload)
+        if hang_up:
+            connection.shutdown(socket.SHUT_WR)
+        if not read:
+            return b""
+        chunks = []
+        while chunk := connection.recv(65536):
+            chunks.append(chunk)
+        return b"".join(chunks)

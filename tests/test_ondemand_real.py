@@ -1,0 +1,175 @@
+"""The on-demand service with the real models (Whisper base bf16 target, CTranslate2 tiny.en
+producer) on real speech: responses equal target-only on the same window, also under concurrent
+requests and after a client disconnects mid-decode; the official OpenAI client works; sustained
+streaming gives the same per-block output with As²d as with target-only."""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+
+from asyncspec.audio import load_audio
+from asyncspec.datasets import librivox_clips
+from asyncspec.decoding.methods import METHODS
+from asyncspec.decoding.result import DecodeConfig
+from asyncspec.ondemand.engine import Engine
+from asyncspec.ondemand.ingest import Ingestor, LatestWindow, file_blocks
+from asyncspec.ondemand.prepared_state import Preparer, prepare_window
+from asyncspec.ondemand.service import create_app
+from asyncspec.ondemand.streaming import AutoTranscriber
+from ondemand_helpers import raw_request, running_server
+
+pytestmark = pytest.mark.real
+
+
+@pytest.fixture(scope="module")
+def producer(whisper_base_bf16):
+    from asyncspec.models.offline import ct2_model_dir
+    from asyncspec.ondevice.producer import ProducerProcess, ProducerSpec
+
+    spec = ProducerSpec(
+        model_dir=str(ct2_model_dir("whisper-tiny.en")),
+        target_tokenizer_json=whisper_base_bf16.tokenizer.backend.to_str(),
+    )
+    process = ProducerProcess(spec)
+    yield process
+    process.close()
+
+
+@pytest.fixture(scope="module")
+def speech():
+    """The LibriVox clips joined: 24.7 s of continuous read speech."""
+    return np.concatenate([load_audio(clip.path) for clip in librivox_clips()])
+
+
+@pytest.fixture(scope="module")
+def service(whisper_base_bf16, producer, speech):
+    window = LatestWindow(12.0)
+    preparer = Preparer(whisper_base_bf16, window).start()
+    ingestor = Ingestor(file_blocks(speech, 4.0, "fast"), window)
+    ingestor.subscribe(preparer.on_block)
+    engine = Engine(whisper_base_bf16, {"as2d": producer}, window, preparer, ingestor, max_queue=4).start()
+    ingestor.start().done.wait(30)
+    assert preparer.wait_for(window.blocks, 120) is not None
+    yield engine
+    engine.close()
+    preparer.close()
+
+
+def _reference(target, audio) -> list[int]:
+    return METHODS["target"](target, None, prepare_window(target, audio, 0, 0.0).request, DecodeConfig()).tokens
+
+
+def test_live_as2d_response_equals_target_only(service, whisper_base_bf16):
+    from fastapi.testclient import TestClient
+
+    client = TestClient(create_app(service))
+    body = client.post("/v1/stream/transcriptions", params={"response_format": "verbose_json"}).json()
+    stats = body["asyncspec"]
+    truth = METHODS["target"](whisper_base_bf16, None, service.preparer.latest.request).tokens
+    assert body["segments"][0]["tokens"] == truth and len(truth) > 20
+    assert stats["method"] == "as2d" and stats["prepared"] and stats["residual_prepare_s"] < 0.1
+    assert 0 <= stats["producer_start_after_arrival_s"] < stats["latency_s"]  # started after arrival
+    assert stats["method_stats"]["published"] > 0
+    target_only = client.post("/v1/stream/transcriptions", params={"method": "target"}).json()
+    assert target_only["text"] == body["text"]
+
+
+def test_concurrent_uploads_each_equal_target_only(service, whisper_base_bf16, speech):
+    clips = [load_audio(clip.path) for clip in librivox_clips()[1:5:2]] + [speech[200_000:]]
+    expected = [_reference(whisper_base_bf16, clip) for clip in clips]
+    with running_server(create_app(service)) as url:
+        import io
+
+        import httpx
+        import soundfile
+
+        def post(audio):
+            data = io.BytesIO()
+            soundfile.write(data, audio, 16_000, format="WAV")
+            files = {"file": ("clip.wav", data.getvalue(), "audio/wav")}
+            reply = httpx.post(
+                f"{url}/v1/audio/transcriptions", files=files, data={"response_format": "verbose_json"}, timeout=120
+            )
+            reply.raise_for_status()
+            return reply.json()
+
+        with ThreadPoolExecutor(3) as pool:
+            bodies = list(pool.map(post, clips))
+    for body, truth in zip(bodies, expected, strict=True):
+        assert body["segments"][0]["tokens"] == truth
+        assert body["asyncspec"]["residual_prepare_s"] > 0  # uploads are prepared on arrival
+    assert max(b["asyncspec"]["queue_wait_s"] for b in bodies) > 0.2  # they really queued behind each other
+
+
+def test_official_openai_client(service, whisper_base_bf16):
+    import openai
+
+    clip = librivox_clips()[1].path
+    with running_server(create_app(service)) as url:
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+        with open(clip, "rb") as audio:
+            result = client.audio.transcriptions.create(model="whisper-base", file=audio)
+        with open(clip, "rb") as audio:
+            text = client.audio.transcriptions.create(model="whisper-base", file=audio, response_format="text")
+    truth = whisper_base_bf16.tokenizer.decode(_reference(whisper_base_bf16, load_audio(clip))).strip()
+    assert result.text == truth == text.strip()
+    assert "dispose" in truth.lower()
+
+
+def test_disconnect_mid_decode_stops_the_producer_and_later_requests_stay_exact(service, whisper_base_bf16):
+    cancelled_before = service.counters.cancelled
+    with running_server(create_app(service)) as url:
+        request = b"POST /v1/stream/transcriptions HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n"
+        host, port = url.removeprefix("http://").split(":")
+        import socket
+
+        with socket.create_connection((host, int(port))) as connection:
+            connection.sendall(request)
+            deadline = time.monotonic() + 30
+            while service.current is None and time.monotonic() < deadline:
+                time.sleep(0.01)
+            time.sleep(0.3)  # a few target calls into the decode
+        while service.counters.cancelled == cancelled_before and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert service.counters.cancelled == cancelled_before + 1
+        assert service.drafters["as2d"].open is None  # the producer was stopped and drained
+        after = raw_request(url, request.replace(b"Host: x", b"Host: x\r\nConnection: close"))
+    assert after.startswith(b"HTTP/1.1 200")
+    truth = METHODS["target"](whisper_base_bf16, None, service.preparer.latest.request).tokens
+    assert whisper_base_bf16.tokenizer.decode(truth).strip().encode() in after
+
+
+def test_streaming_blocks_equal_target_only(whisper_base_bf16, producer, speech):
+    outputs = {}
+    for method, drafter in (("target", None), ("as2d", producer)):
+        auto = AutoTranscriber(whisper_base_bf16, drafter, method, DecodeConfig(), block_s=4.0, reset_s=8.0)
+        auto.start()
+        for block in file_blocks(speech[:192_000], 4.0, "fast"):
+            auto.on_block(block)
+        auto.end()
+        auto.thread.join(300)
+        outputs[method] = auto.records
+    assert [r.text for r in outputs["as2d"]] == [r.text for r in outputs["target"]]
+    assert [r.reset for r in outputs["target"]] == [True, False, True]
+    assert all(r.n_tokens > 0 for r in outputs["target"])
+    assert all(r.completion_lag_s >= r.processing_s > 0 for r in outputs["as2d"])
+
+
+def test_wait_for_background_preparation_is_charged_as_residual(whisper_base_bf16, speech):
+    window = LatestWindow(10.0)
+    preparer = Preparer(whisper_base_bf16, window).start()
+    engine = Engine(whisper_base_bf16, {}, window, preparer, default_method="target").start()
+    try:
+        block = next(file_blocks(speech[:160_000], 10.0, "fast"))
+        window.append(block)
+        preparer.on_block(block)  # the request arrives right after the block: preparation is running
+        response = engine.submit_live(None, None).future.result(timeout=120)
+        assert response.prepared and response.residual_prepare_s > 0.05
+        assert response.latency_s > response.residual_prepare_s
+    finally:
+        engine.close()
+        preparer.close()

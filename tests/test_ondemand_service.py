@@ -1,0 +1,200 @@
+"""The HTTP service on a tiny random Whisper: formats, and every kind of bad input or misuse gets a
+clear HTTP error or a clean end — never a crash (the service answers the next request)."""
+
+from __future__ import annotations
+
+import io
+import threading
+import time
+
+import pytest
+import soundfile
+import torch
+from fastapi.testclient import TestClient
+
+from asyncspec.decoding.methods import METHODS
+from asyncspec.ondemand.engine import Engine, QueueFull, RequestCancelled
+from asyncspec.ondemand.ingest import Ingestor, LatestWindow, file_blocks, pcm_blocks
+from asyncspec.ondemand.prepared_state import Preparer
+from asyncspec.ondemand.service import create_app
+from conftest import synthetic_speech, tiny_whisper
+from ondemand_helpers import raw_request, running_server
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny_whisper(torch.float32, seed=2)
+
+
+def _service(target, blocks=None, window_s=4.0, max_queue=4, start=True):
+    window = LatestWindow(window_s)
+    preparer = Preparer(target, window).start()
+    ingestor = None
+    if blocks is not None:
+        ingestor = Ingestor(blocks, window)
+        ingestor.subscribe(preparer.on_block)
+    engine = Engine(target, {}, window, preparer, ingestor, max_queue=max_queue, default_method="target")
+    if start:
+        engine.start()
+    if ingestor is not None:
+        ingestor.start().done.wait(10)
+    return engine
+
+
+def _wav(seconds=2.0) -> bytes:
+    out = io.BytesIO()
+    soundfile.write(out, synthetic_speech(seconds), 16_000, format="WAV")
+    return out.getvalue()
+
+
+def test_upload_formats(target):
+    engine = _service(target)
+    client = TestClient(create_app(engine))
+    files = {"file": ("a.wav", _wav(), "audio/wav")}
+    body = client.post("/v1/audio/transcriptions", files=files, data={"model": "whisper-base"}).json()
+    assert set(body) == {"text", "asyncspec"} and body["asyncspec"]["residual_prepare_s"] > 0
+    text = client.post("/v1/audio/transcriptions", files=files, data={"response_format": "text"})
+    assert text.headers["content-type"].startswith("text/plain") and text.text.strip() == body["text"]
+    verbose = client.post("/v1/audio/transcriptions", files=files, data={"response_format": "verbose_json"}).json()
+    assert verbose["duration"] == 2.0 and verbose["segments"][0]["text"] == body["text"]
+    assert verbose["asyncspec"]["n_tokens"] > 0
+    bad = client.post("/v1/audio/transcriptions", files=files, data={"response_format": "srt"})
+    assert bad.status_code == 400 and "response_format" in bad.json()["error"]["message"]
+
+
+def test_non_audio_upload_is_a_400(target):
+    client = TestClient(create_app(_service(target)))
+    files = {"file": ("notes.txt", b"this is not audio at all", "text/plain")}
+    response = client.post("/v1/audio/transcriptions", files=files)
+    assert response.status_code == 400
+    assert "not a readable audio file" in response.json()["error"]["message"]
+    empty = client.post("/v1/audio/transcriptions", files={"file": ("e.wav", b"", "audio/wav")})
+    assert empty.status_code == 400 and "empty" in empty.json()["error"]["message"]
+    missing = client.post("/v1/audio/transcriptions", data={"model": "x"})
+    assert missing.status_code == 400 and "file" in missing.json()["error"]["message"]
+
+
+def test_truncated_multipart_body_is_a_400_and_the_server_goes_on(target):
+    engine = _service(target)
+    with running_server(create_app(engine)) as url:
+        boundary = "XyZ"
+        head = f'--{boundary}\r\nContent-Disposition: form-data; name="file"; filename="a.wav"\r\n\r\n'.encode()
+        body = head + _wav()[:3000]  # the body stops inside the file: no closing boundary
+        request = (
+            f"POST /v1/audio/transcriptions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+            f"Content-Type: multipart/form-data; boundary={boundary}\r\nContent-Length: {len(body)}\r\n\r\n"
+        ).encode() + body
+        reply = raw_request(url, request)
+        assert reply.startswith(b"HTTP/1.1 400") and b"multipart" in reply
+        # the declared length is larger than what is sent before the client hangs up
+        short = request.replace(f"Content-Length: {len(body)}".encode(), f"Content-Length: {len(body) + 5000}".encode())
+        raw_request(url, short, hang_up=True)
+        files = {"file": ("a.wav", _wav(), "audio/wav")}
+        import httpx
+
+        assert httpx.post(f"{url}/v1/audio/transcriptions", files=files, timeout=60).status_code == 200
+
+
+def test_request_before_any_audio_is_a_503(target):
+    engine = _service(target)
+    response = TestClient(create_app(engine)).post("/v1/stream/transcriptions")
+    assert response.status_code == 503 and "no audio has arrived yet" in response.json()["error"]["message"]
+    assert response.headers["retry-after"] == "1"
+
+
+def test_a_stream_that_stops_ends_cleanly_and_is_still_served(target):
+    pcm = (synthetic_speech(2.5) * 32767).astype("<i2").tobytes()[:-1]
+    engine = _service(target, pcm_blocks(io.BytesIO(pcm), 1.0))
+    client = TestClient(create_app(engine))
+    status = client.get("/v1/stream/status").json()
+    assert status["input"]["ended"] and status["input"]["error"] is None and status["input"]["blocks"] == 3
+    response = client.post("/v1/stream/transcriptions", params={"response_format": "verbose_json"})
+    assert response.status_code == 200
+    body = response.json()
+    assert body["duration"] == pytest.approx(2.5, abs=1e-3)
+    assert body["asyncspec"]["window_end_s"] == pytest.approx(2.5, abs=1e-3)
+    reference = METHODS["target"](target, None, engine.preparer.latest.request).tokens
+    assert body["segments"][0]["tokens"] == reference
+
+
+def test_a_stream_that_ends_without_audio_is_a_503(target):
+    engine = _service(target, pcm_blocks(io.BytesIO(b""), 1.0))
+    response = TestClient(create_app(engine)).post("/v1/stream/transcriptions")
+    assert response.status_code == 503 and "ended without audio" in response.json()["error"]["message"]
+
+
+def test_live_request_answers_from_the_prepared_window(target):
+    engine = _service(target, file_blocks(synthetic_speech(6.0), 1.0, "fast"))
+    engine.preparer.wait_for(6, timeout=30)
+    client = TestClient(create_app(engine))
+    body = client.post("/v1/stream/transcriptions").json()["asyncspec"]
+    assert body["prepared"] and body["audio_s"] == 4.0 and body["residual_prepare_s"] < 0.05
+    shorter = client.post("/v1/stream/transcriptions", params={"seconds": 2}).json()["asyncspec"]
+    assert not shorter["prepared"] and shorter["audio_s"] == 2.0  # another view: prepared on arrival
+    assert client.post("/v1/stream/transcriptions", params={"seconds": 9}).status_code == 400
+    assert client.post("/v1/stream/transcriptions", params={"method": "as2d"}).status_code == 400
+    memory = client.get("/v1/stream/status").json()["memory"]
+    assert memory["rss_mib"] > 0 and memory["audio_window_mib"] > 0 and memory["prepared_state_mib"] > 0
+
+
+def test_full_queue_is_a_429(target):
+    engine = _service(target, file_blocks(synthetic_speech(2.0), 1.0, "fast"), max_queue=1, start=False)
+    engine.submit_live(None, None)  # the worker is not running: this one waits in the queue
+    with pytest.raises(QueueFull):
+        engine.submit_live(None, None)
+    response = TestClient(create_app(engine)).post("/v1/stream/transcriptions")
+    assert response.status_code == 429 and response.headers["retry-after"] == "1"
+    assert engine.counters.rejected_full == 2
+
+
+def test_cancelled_requests_free_the_worker(target):
+    engine = _service(target, file_blocks(synthetic_speech(2.0), 1.0, "fast"), start=False)
+    queued = engine.submit_live(None, None)
+    queued.cancelled.set()  # its client went away while it waited
+    running = engine.submit_live(None, None)
+    calls = []
+    original = target.extend
+
+    def slow_extend(state, tokens):  # cancel this request a few target calls into its decoding
+        calls.append(1)
+        if len(calls) == 3:
+            running.cancelled.set()
+        return original(state, tokens)
+
+    target.extend = slow_extend
+    try:
+        engine.start()
+        with pytest.raises(RequestCancelled):
+            queued.future.result(timeout=30)
+        with pytest.raises(RequestCancelled):
+            running.future.result(timeout=30)
+        assert len(calls) == 3  # no target call after the cancellation
+    finally:
+        del target.extend
+    assert engine.counters.cancelled == 2 and engine.submit_live(None, None).future.result(timeout=60).tokens
+
+
+def test_client_disconnect_over_http_cancels_the_request(target):
+    engine = _service(target, file_blocks(synthetic_speech(2.0), 1.0, "fast"))
+    gate = threading.Event()
+    original = target.extend
+
+    def gated_extend(state, tokens):  # hold the decode until the client has gone
+        gate.wait(10)
+        return original(state, tokens)
+
+    target.extend = gated_extend
+    try:
+        with running_server(create_app(engine)) as url:
+            request = b"POST /v1/stream/transcriptions HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n"
+            raw_request(url, request, read=False, hang_up=True)  # sends, then goes away without the answer
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline and not (engine.current and engine.current.cancelled.is_set()):
+                time.sleep(0.02)
+            gate.set()  # the HTTP side saw the disconnect and flagged the running job
+            while time.monotonic() < deadline and not engine.counters.cancelled:
+                time.sleep(0.02)
+            assert engine.counters.cancelled == 1
+    finally:
+        gate.set()
+        del target.extend
