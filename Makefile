@@ -1,7 +1,7 @@
 # Two entry points for a fresh machine (see README.md): `make demo` and `make test`.
 VENV ?= .venv
 PY := $(VENV)/bin/python
-APT_PACKAGES := pocketsphinx-testdata espeak-ng sox libsndfile1
+APT_PACKAGES := pocketsphinx-testdata espeak-ng sox libsndfile1 festival festvox-us-slt-hts festvox-kallpc16k
 STAMP := $(VENV)/.installed
 
 .PHONY: demo test lint setup system-packages qwen clean

@@ -195,7 +195,7 @@ def test_real_producer_is_decoupled_and_output_is_exact(whisper_base_bf16, kind,
     assert not producer.process.is_alive()
 
 
-def test_espeak_development_set(tmp_path):
+def test_festival_development_set(tmp_path):
     from asyncspec.devset import synthesize_dev_set
 
     paths = synthesize_dev_set(tmp_path)

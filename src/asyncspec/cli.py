@@ -73,7 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
     methods.set_defaults(method="sd,specasr", json=False)
     ondevice = benches.add_parser("ondevice", help="target-only vs sd vs specasr vs as2d on real-speech windows")
     ondevice.add_argument("--audio", metavar="DIR", help="audio directory (default: LibriVox clips joined to 10-25 s)")
-    ondevice.add_argument("--dev", action="store_true", help="use the espeak-ng development set (synthesised)")
+    ondevice.add_argument("--dev", action="store_true", help="use the Festival development set (synthesised)")
     ondevice.add_argument("--out", default="out", help="folder for the JSON and PNGs")
     ondevice.add_argument("--oracle", action="store_true", help="deployed configuration vs per-window oracle")
     ondevice.add_argument("--profile", help="--oracle: cost profile JSON (default: the one select-budget used)")

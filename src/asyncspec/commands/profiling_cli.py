@@ -47,7 +47,7 @@ def add_replay(commands) -> None:
 
 def add_select_budget(commands) -> None:
     select = commands.add_parser("select-budget", help="choose As²d's producer and budget on a development split")
-    select.add_argument("--audio", metavar="DIR", help="development audio (default: the espeak-ng development set)")
+    select.add_argument("--audio", metavar="DIR", help="development audio (default: the Festival development set)")
     select.add_argument("--profile", help="cost profile JSON (default: measure one now, widths 1..25)")
     select.add_argument("--producers", default=CATALOG, help="catalog: ct2-chunk@<s>s and/or autoregressive")
     select.add_argument("--max-budget", type=int, default=MAX_BUDGET)
