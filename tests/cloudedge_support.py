@@ -15,7 +15,7 @@ from pathlib import Path
 from asyncspec.cloudedge import protocol as wire
 from asyncspec.cloudedge.cloud import CloudConfig, CloudVerifier
 from asyncspec.cloudedge.edge import EdgeGateway
-from asyncspec.cloudedge.link import Link, LinkConfig
+from asyncspec.cloudedge.frame_proxy import FrameProxy, FrameProxyConfig
 from asyncspec.cloudedge.policy import EdgePolicy
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
@@ -61,8 +61,8 @@ class ServiceThread:
 
 @contextmanager
 def services(target, drafter, policy: EdgePolicy | None = None, cloud_config: CloudConfig | None = None, link=None):
-    """(gateway, cloud, link) with the cloud and edge in threads; `link`: None, a LinkConfig, or a
-    (LinkConfig, fault) pair that puts a link emulator between them."""
+    """(gateway, cloud, link) with the cloud and edge in threads; `link`: None, a FrameProxyConfig, or a
+    (FrameProxyConfig, fault) pair that puts a link emulator between them."""
     cloud_address = free_address()
     cloud = CloudVerifier(target, cloud_config or CloudConfig())
     cloud_thread = ServiceThread(cloud, cloud_address).start()
@@ -71,7 +71,7 @@ def services(target, drafter, policy: EdgePolicy | None = None, cloud_config: Cl
     if link is not None:
         config, fault = link if isinstance(link, tuple) else (link, None)
         edge_address = free_address()
-        proxy = Link(edge_address, cloud_address, config or LinkConfig(), fault).__enter__()
+        proxy = FrameProxy(edge_address, cloud_address, config or FrameProxyConfig(), fault).__enter__()
     gateway = EdgeGateway(drafter, edge_address, policy)
     edge_thread = ServiceThread(gateway).start()
     try:

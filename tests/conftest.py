@@ -3,6 +3,9 @@ real offline models, prepared once per session into the user's cache."""
 
 from __future__ import annotations
 
+import os
+import tempfile
+
 import numpy as np
 import pytest
 import tokenizers
@@ -15,6 +18,9 @@ from asyncspec.models.offline import REGISTRY, is_installed, is_prepared, model_
 from asyncspec.models.tokenizer import TextTokenizer
 
 TINY_VOCAB = 96
+
+# No test (nor a CLI it spawns) may pick up a deployed configuration selected on this machine.
+os.environ["ASYNCSPEC_CONFIG"] = os.path.join(tempfile.mkdtemp(prefix="asyncspec-test-"), "as2d.json")
 
 
 def word_tokenizer(vocab: int = TINY_VOCAB) -> TextTokenizer:

@@ -12,6 +12,7 @@ import soundfile
 
 from asyncspec.cli import EXIT_BAD_INPUT, main
 from asyncspec.datasets import librivox_clips
+from asyncspec.profiling.costs import CONCURRENT, IDLE, CostProfile
 from asyncspec.text_metrics import word_errors
 
 REQUIRED_FIELDS = {"file", "window", "method", "text", "token_ids", "n_tokens", "decode_s", "tps", "target_calls"}
@@ -57,6 +58,11 @@ def test_long_file_is_decoded_in_windows(tmp_path, capsys):
         (["transcribe", "NOTAUDIO", "--model", "no-such-model"], "not a readable audio file"),
         (["generate", "--prompt", "   "], "prompt is empty"),
         (["transcribe", "SILENT_OK", "--method", "sd", "--budget", "0"], "--budget must be at least 1"),
+        (["replay"], "needs a trajectory file"),
+        (["replay", "NOTAUDIO", "--profile", "NOTAUDIO"], "not a trajectory file"),
+        (["profile", "--max-width", "0"], "--max-width"),
+        (["select-budget", "--producers", "psychic"], "unknown producer"),
+        (["bench", "ondevice", "--oracle", "--profile", "/nonexistent/p.json"], "cost profile"),
     ],
 )
 def test_bad_input_exits_2_with_one_clear_line(tmp_path, capsys, args, message):
@@ -121,8 +127,14 @@ def test_bench_ondevice_writes_json_and_plots(tmp_path, capsys):
     audio.mkdir()
     shutil.copy(librivox_clips()[4].path, audio / "clip.wav")
     out = tmp_path / "out"
-    assert main(["bench", "ondevice", "--audio", str(audio), "--out", str(out)]) == 0
+    flat = {IDLE: {0: {k: [0.03 + 0.002 * k] for k in range(1, 26)}}}  # a made-up profile: only the plumbing
+    CostProfile("whisper-base", "bf16", flat, 0.0002, 0.002, 0.0003, 2e-5).save(tmp_path / "profile.json")
+    oracle = ["--oracle", "--profile", str(tmp_path / "profile.json"), "--catalog", "ct2-chunk@4s"]
+    assert main(["bench", "ondevice", "--audio", str(audio), "--out", str(out), *oracle]) == 0
     report = json.loads((out / "bench_ondevice.json").read_text())
+    assert 0 < report["oracle"]["deployed_ratio"] <= 1 and report["oracle"]["pooled_tps"] > 0
+    assert report["oracle"]["windows"] == 1
+    assert (out / "bench_ondevice_oracle.png").stat().st_size > 10_000
     for method in ("target", "sd", "specasr", "as2d"):
         figures = report["methods"][method]
         assert {"pooled_tps", "ratio_to_target", "slower_than_target_fraction", "equal_windows", "windows"} <= set(
@@ -132,3 +144,15 @@ def test_bench_ondevice_writes_json_and_plots(tmp_path, capsys):
     assert (out / "bench_ondevice_cdf.png").stat().st_size > 10_000
     assert (out / "bench_ondevice_timeline.png").stat().st_size > 10_000
     assert "pooled" in capsys.readouterr().out
+
+
+@pytest.mark.real
+def test_profile_writes_a_cost_profile_and_its_plot(tmp_path, capsys):
+    args = ["profile", "--max-width", "3", "--repetitions", "2", "--offsets", "0,8", "--out", str(tmp_path)]
+    assert main(args) == 0
+    profile = CostProfile.load(tmp_path / "profile.json")
+    assert profile.widths == [1, 2, 3] and set(profile.verify) == {IDLE, CONCURRENT}
+    assert all(len(profile.verify[IDLE][o][k]) == 2 for o in (0, 8) for k in (1, 2, 3))
+    assert 0 < profile.verify_s(1, 0) < 1 and profile.align_s > 0 and profile.target_gap_s > 0
+    assert (tmp_path / "profile_saving.png").stat().st_size > 10_000
+    assert "R(K)" in capsys.readouterr().out

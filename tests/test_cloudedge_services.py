@@ -11,7 +11,7 @@ import torch
 from asyncspec.cloudedge import protocol as wire
 from asyncspec.cloudedge.cloud import CloudConfig
 from asyncspec.cloudedge.correction import CorrectionPolicy
-from asyncspec.cloudedge.link import LinkConfig
+from asyncspec.cloudedge.frame_proxy import FrameProxyConfig
 from asyncspec.cloudedge.policy import EdgePolicy
 from asyncspec.decoding.target_only import decode_target_only
 from asyncspec.models.base import DecodeRequest
@@ -52,7 +52,7 @@ def target_only(target, prompts, lengths) -> list[list[int]]:
 def test_greedy_32_concurrent_requests_equal_target_only_and_never_two_open_blocks(greedy_pair):
     target, drafter = greedy_pair
     prompts, lengths = workload()
-    with services(target, drafter, POLICY, CloudConfig(batch_wait_s=0.005), link=LinkConfig(latency_s=0.002)) as (
+    with services(target, drafter, POLICY, CloudConfig(batch_wait_s=0.005), link=FrameProxyConfig(latency_s=0.002)) as (
         gateway,
         cloud,
         link,
@@ -181,7 +181,7 @@ def _faults(seed: int = 0):
 def test_duplicated_delayed_stale_and_malformed_messages(greedy_pair):
     target, drafter = greedy_pair
     prompts, lengths = workload(16, seed=3)
-    with services(target, drafter, POLICY, link=(LinkConfig(), _faults())) as (gateway, cloud, _):
+    with services(target, drafter, POLICY, link=(FrameProxyConfig(), _faults())) as (gateway, cloud, _):
         results = run_requests(gateway, prompts, lengths)
         edge_counters, cloud_counters = gateway.summary(), cloud.summary()
     assert [r["tokens"] for r in results] == target_only(target, prompts, lengths)
@@ -198,7 +198,7 @@ def test_sampled_decisions_are_not_redrawn_under_duplicates(sampling_pair):
     samplings = [wire.Sampling(1.0, s) for s in range(12)]
     with services(target, drafter, SAMPLING_POLICY) as (gateway, _, _):
         clean = run_requests(gateway, prompts, 20, samplings)
-    with services(target, drafter, SAMPLING_POLICY, link=(LinkConfig(), _faults(1))) as (gateway, cloud, _):
+    with services(target, drafter, SAMPLING_POLICY, link=(FrameProxyConfig(), _faults(1))) as (gateway, cloud, _):
         faulty = run_requests(gateway, prompts, 20, samplings)
         assert cloud.counters.answered_from_cache + cloud.counters.duplicate_in_queue > 0
     assert [r["tokens"] for r in faulty] == [r["tokens"] for r in clean]

@@ -5,8 +5,10 @@ from __future__ import annotations
 import argparse
 import sys
 
+from asyncspec.commands import link as link_command
 from asyncspec.commands import serve
 from asyncspec.errors import InputError, ModelNotPreparedError
+from asyncspec.profiling.deployed import CATALOG
 
 EXIT_BAD_INPUT = 2
 
@@ -20,12 +22,15 @@ def _decoding_options(parser: argparse.ArgumentParser, default_model: str | None
     parser.add_argument("--trace", metavar="FILE", help="save every decode's stage events as JSON")
     parser.add_argument(
         "--producer",
-        default="ct2-chunk",
+        default=None,
         choices=["ct2-chunk", "autoregressive"],
-        help="as2d: chunked CTranslate2 recogniser, or a transformers drafter over the whole window",
+        help="as2d: chunked CTranslate2 recogniser, or a transformers drafter over the whole window "
+        "(default: the deployed configuration from select-budget, else ct2-chunk)",
     )
     parser.add_argument("--producer-model", default="whisper-tiny.en", help="as2d: the producer's recogniser")
-    parser.add_argument("--chunk-s", type=float, default=4.0, help="as2d: seconds of audio per published chunk")
+    parser.add_argument(
+        "--chunk-s", type=float, default=None, help="as2d: seconds of audio per chunk (default: deployed, else 4)"
+    )
     parser.add_argument("--dtype", default="bf16", choices=["bf16", "fp32", "fp16"])
     parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     parser.add_argument("--seed", type=int, default=0)
@@ -70,8 +75,16 @@ def build_parser() -> argparse.ArgumentParser:
     ondevice.add_argument("--audio", metavar="DIR", help="audio directory (default: LibriVox clips joined to 10-25 s)")
     ondevice.add_argument("--dev", action="store_true", help="use the espeak-ng development set (synthesised)")
     ondevice.add_argument("--out", default="out", help="folder for the JSON and PNGs")
+    ondevice.add_argument("--oracle", action="store_true", help="deployed configuration vs per-window oracle")
+    ondevice.add_argument("--profile", help="--oracle: cost profile JSON (default: the one select-budget used)")
+    ondevice.add_argument("--catalog", default=CATALOG, help="--oracle: producers the oracle may pick from")
     _decoding_options(ondevice, "whisper-base", "whisper-tiny.en")
     ondevice.set_defaults(method="sd,specasr,as2d", json=False)
+    from asyncspec.commands.profiling_cli import add_profile, add_replay, add_select_budget
+
+    for add in (add_profile, add_replay, add_select_budget):
+        add(commands)
+    link_command.add_parser(commands)
     serve.add_commands(commands)
     return parser
 
@@ -90,6 +103,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _dispatch(args: argparse.Namespace) -> int:
+    if args.command == "link":  # before the imports below: the link proxy needs no torch
+        return link_command.run(args)
     if getattr(args, "threads", None):
         import torch
 
@@ -99,9 +114,24 @@ def _dispatch(args: argparse.Namespace) -> int:
 
     if hasattr(args, "method"):
         args.methods = parse_methods(args.method)
+    if hasattr(args, "chunk_s"):  # the decoding commands' As²d options
+        from asyncspec.profiling.deployed import apply_deployed
 
-    handlers = {"models": models.run, "transcribe": transcribe.run, "generate": generate.run, "demo": demo.run}
-    handlers |= {"serve": serve.run, "client": serve.run}
+        apply_deployed(args)
+
+    from asyncspec.commands import profile, replay, select_budget
+
+    handlers = {
+        "models": models.run,
+        "transcribe": transcribe.run,
+        "generate": generate.run,
+        "demo": demo.run,
+        "profile": profile.run,
+        "replay": replay.run,
+        "select-budget": select_budget.run,
+        "serve": serve.run,
+        "client": serve.run,
+    }
     if args.command == "bench":
         from asyncspec.benchmarks import methods as methods_bench
         from asyncspec.benchmarks import ondevice as ondevice_bench

@@ -34,16 +34,36 @@ VOICES = ("en-us", "en-gb")
 
 def synthesize_dev_set(directory: Path, words_per_minute: int = 160) -> list[Path]:
     """One WAV per (voice, pair of passages), ~8-20 s each; reused when already there."""
-    if shutil.which("espeak-ng") is None:
-        raise InputError("espeak-ng is not installed (apt-get install espeak-ng)")
     directory.mkdir(parents=True, exist_ok=True)
     texts = [" ".join(PRIDE_AND_PREJUDICE[i : i + 2]) for i in range(0, len(PRIDE_AND_PREJUDICE), 2)]
     paths = []
     for voice in VOICES:
         for index, text in enumerate(texts):
-            path = directory / f"pride-{voice}-{index}.wav"
-            if not path.exists():
-                command = ["espeak-ng", "-v", voice, "-s", str(words_per_minute), "-w", str(path), text]
-                subprocess.run(command, check=True, capture_output=True)
-            paths.append(path)
+            paths.append(speak(directory / f"pride-{voice}-{index}.wav", text, voice, words_per_minute))
     return paths
+
+
+def speak(path: Path, text: str, voice: str, words_per_minute: int) -> Path:
+    """espeak-ng `text` into a WAV at `path`, unless it is already there."""
+    if shutil.which("espeak-ng") is None:
+        raise InputError("espeak-ng is not installed (apt-get install espeak-ng)")
+    if not path.exists():
+        command = ["espeak-ng", "-v", voice, "-s", str(words_per_minute), "-w", str(path), text]
+        subprocess.run(command, check=True, capture_output=True)
+    return path
+
+
+# Calibration speech for `asyncspec profile`: another public-domain text (Dickens, A Tale of Two
+# Cities, 1859), so cost profiles never share audio with development or test windows.
+TALE_OF_TWO_CITIES = (
+    "It was the best of times, it was the worst of times, it was the age of wisdom, it was the age of "
+    "foolishness, it was the epoch of belief, it was the epoch of incredulity, it was the season of Light, "
+    "it was the season of Darkness, it was the spring of hope, it was the winter of despair, we had "
+    "everything before us, we had nothing before us."
+)
+
+
+def calibration_audio(directory: Path, words_per_minute: int = 150) -> Path:
+    """One ~21 s espeak-ng utterance (en-gb), reused when already there."""
+    directory.mkdir(parents=True, exist_ok=True)
+    return speak(directory / "calibration-two-cities.wav", TALE_OF_TWO_CITIES, "en-gb", words_per_minute)

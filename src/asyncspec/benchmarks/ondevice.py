@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from asyncspec.audio import SAMPLE_RATE, WINDOW_SECONDS, load_audio, split_windows
+from asyncspec.benchmarks.oracle import Headroom, plot_headroom
 from asyncspec.commands.compare import comparison_records
 from asyncspec.commands.report import progress
 from asyncspec.commands.transcribe import decode_config, load_models
@@ -56,7 +57,8 @@ def directory_windows(directory: str) -> list[tuple[str, str, np.ndarray]]:
     ]
 
 
-def run_window(target, drafters, samples, methods, config: DecodeConfig) -> list[dict[str, Any]]:
+def run_window(target, drafters, samples, methods, config: DecodeConfig) -> tuple[list[dict[str, Any]], list]:
+    """Records of every method on one window, and the results (target-only first)."""
     request = target.request(samples)
     results, sd_runs = [], []
     for method in methods:
@@ -70,7 +72,7 @@ def run_window(target, drafters, samples, methods, config: DecodeConfig) -> list
     for record in records:
         if record["method"] == "sd":  # equal only if every budget's run equals target-only
             record["equal_to_target"] = all(run.tokens == reference for run in sd_runs)
-    return records
+    return records, results
 
 
 def _mean_sd(runs: list) -> Any:
@@ -91,18 +93,24 @@ def run(args) -> int:
     else:
         windows = directory_windows(args.audio) if args.audio else librivox_windows()
     records = []
-    with load_models(args, WhisperBackend, "speech") as (target, drafters):
+    with Headroom(args) as oracle, load_models(args, WhisperBackend, "speech") as (target, drafters):
+        oracle.start(target)
         for dataset, name, samples in progress(windows, len(windows), "bench ondevice"):
-            for record in run_window(target, drafters, samples, methods, config):
+            window_records, results = run_window(target, drafters, samples, methods, config)
+            for record in window_records:
                 record.update(dataset=dataset, window=name, seconds=round(len(samples) / SAMPLE_RATE, 2))
                 records.append(record)
+            oracle.observe(dataset, name, samples, results)
     report = build_report(records, methods, args)
+    report["oracle"] = oracle.report()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "bench_ondevice.json").write_text(json.dumps(report, indent=1))  # saved before anything can fail
     print_report(report)
     plot_cdf(records, methods, out / "bench_ondevice_cdf.png")
     plot_timeline(records, out / "bench_ondevice_timeline.png")
+    if report["oracle"]:
+        plot_headroom(report["oracle"], out / "bench_ondevice_oracle.png")
     print(f"wrote {out / 'bench_ondevice.json'}, bench_ondevice_cdf.png, bench_ondevice_timeline.png")
     return 0
 
@@ -188,7 +196,26 @@ def print_report(report: dict[str, Any]) -> None:
             f"coverage {a['coverage'] * 100:.0f}%, candidates published {a['published']}, used {a['used']}, "
             f"accepted {a['accepted']}"
         )
+    if report.get("oracle"):
+        print_oracle(report["oracle"])
     print(f"machine: {report['cores']} cores, load average {report['load_average'][0]:.2f}")
+
+
+def print_oracle(oracle: dict[str, Any]) -> None:
+    deployed = oracle["deployed"]
+    print(
+        f"oracle (replay, {oracle['catalog']['producers']} x budgets {oracle['catalog']['budgets']}): "
+        f"deployed {deployed['producer']} budget {deployed['budget']} ({oracle['selected_by']})"
+    )
+    for dataset, f in [*oracle["datasets"].items(), ("pooled", oracle)]:
+        print(
+            f"  {dataset:14s} oracle {f['pooled_tps']:7.2f} tok/s, deployed {f['deployed_pooled_tps']:7.2f} "
+            f"= {100 * f['deployed_ratio']:.1f}% of oracle (gap {f['gap_pct']:.2f}%)"
+        )
+    print(
+        f"  native deployed As²d {oracle['native_deployed_pooled_tps']:.2f} tok/s = "
+        f"{100 * oracle['native_deployed_ratio']:.1f}% of the replayed oracle"
+    )
 
 
 def plot_cdf(records: list[dict], methods: list[str], path: Path) -> None:

@@ -1,0 +1,1 @@
+"""Cloud–edge speculative decoding (AsymSpec): services, protocol, correction, link emulation."""

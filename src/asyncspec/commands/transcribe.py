@@ -51,21 +51,31 @@ def load_models(args, kind: type, what: str) -> Iterator[tuple[Decoder, dict[str
 
 
 def start_producer(args, target: Decoder):
-    from asyncspec.models.offline import ct2_model_dir
-    from asyncspec.ondevice.producer import ProducerProcess, ProducerSpec
+    return make_producer(args.producer, args.chunk_s, args.producer_model, args.dtype, target)
 
-    if args.chunk_s <= 0:
-        raise InputError(f"--chunk-s must be positive, got {args.chunk_s}")
-    chunked = args.producer == "ct2-chunk"
-    spec = ProducerSpec(
-        kind=args.producer,
-        model_dir=str(ct2_model_dir(args.producer_model)) if chunked else "",
-        drafter=args.producer_model,
-        dtype=args.dtype,
+
+def make_producer(kind: str, chunk_s: float, producer_model: str, dtype: str, target: Decoder):
+    """A persistent producer worker process for As²d (close it when done)."""
+    from asyncspec.ondevice.producer import ProducerProcess
+
+    return ProducerProcess(producer_spec(kind, chunk_s, producer_model, dtype, target))
+
+
+def producer_spec(kind: str, chunk_s: float, producer_model: str, dtype: str, target: Decoder):
+    from asyncspec.models.offline import ct2_model_dir
+    from asyncspec.ondevice.producer import ProducerSpec
+
+    if chunk_s <= 0:
+        raise InputError(f"--chunk-s must be positive, got {chunk_s}")
+    chunked = kind == "ct2-chunk"
+    return ProducerSpec(
+        kind=kind,
+        model_dir=str(ct2_model_dir(producer_model)) if chunked else "",
+        drafter=producer_model,
+        dtype=dtype,
         target_tokenizer_json=target.tokenizer.backend.to_str(),
-        chunk_s=args.chunk_s,
+        chunk_s=chunk_s,
     )
-    return ProducerProcess(spec)
 
 
 def decode_config(args) -> DecodeConfig:
@@ -73,7 +83,8 @@ def decode_config(args) -> DecodeConfig:
         raise InputError(f"--budget must be at least 1, got {args.budget}")
     if args.temperature < 0:
         raise InputError(f"--temperature must be >= 0, got {args.temperature}")
-    return DecodeConfig(temperature=args.temperature, seed=args.seed, budget=args.budget)
+    as2d_budget = getattr(args, "as2d_budget", None)
+    return DecodeConfig(temperature=args.temperature, seed=args.seed, budget=args.budget, as2d_budget=as2d_budget)
 
 
 def run(args) -> int:

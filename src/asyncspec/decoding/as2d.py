@@ -20,7 +20,7 @@ from asyncspec.models.base import Decoder, DecodeRequest
 from asyncspec.ondevice.accounting import account
 from asyncspec.ondevice.align import realign
 from asyncspec.ondevice.buffer import CandidateBuffer
-from asyncspec.trace import Trace
+from asyncspec.trace import StageEvent, Trace
 from asyncspec.verify import greedy_verify
 
 METHOD = "as2d"
@@ -47,7 +47,7 @@ def decode_as2d(
     stats.prefill_s = trace.now()
     buffer = drafter.start(request.audio)  # the request arrives: drafting starts now, never before
     root, cursor = target.greedy(state.next_logits)[0], 0
-    limit, budget = output_limit(request, target), config.budget or DEFAULT_BUDGET
+    limit, budget = output_limit(request, target), config.budget or config.as2d_budget or DEFAULT_BUDGET
     while commit_token(root, committed, target.eos_ids, limit, stats):
         with trace.stage("align"):
             buffer.refresh()
@@ -72,7 +72,27 @@ def decode_as2d(
     stats.decode_s = trace.now() - stats.prefill_s
     drafter.finish(buffer)
     stats.extra = _as2d_figures(trace, buffer, stats, len(committed))
+    _record_publications(trace, buffer)
     return DecodeResult(METHOD, committed, stats, trace)
+
+
+def _record_publications(trace: Trace, buffer: CandidateBuffer) -> None:
+    """Each published batch as a trace event, so a saved run can be replayed (profiling/replay.py)."""
+    for batch, drained in zip(buffer.batches, buffer.drained_at, strict=True):
+        trace.events.append(
+            StageEvent(
+                "publish",
+                batch.started - trace.origin,
+                batch.published - trace.origin,
+                {
+                    "source": batch.source,
+                    "offset": batch.offset,
+                    "tokens": list(batch.tokens),
+                    "confidences": None if batch.confidences is None else list(batch.confidences),
+                    "drained_at_refresh": drained,
+                },
+            )
+        )
 
 
 def _as2d_figures(trace: Trace, buffer: CandidateBuffer, stats: DecodeStats, n_tokens: int) -> dict:

@@ -13,6 +13,7 @@ class DecodeConfig:
     temperature: float = 0.0  # 0 = greedy
     seed: int = 0
     budget: int | None = None  # proposals per round (None: the method's default)
+    as2d_budget: int | None = None  # As²d's budget when `budget` is unset: the deployed configuration's
 
 
 @dataclass

@@ -43,8 +43,10 @@ def speculative_decode(
     limit = output_limit(request, target)
     while commit_token(root, committed, target.eos_ids, limit, stats):
         room = min(budget, limit - len(committed), target.max_length - state.length - 1)
-        with trace.stage("draft"):
+        with trace.stage("draft") as meta:
+            calls_before = source.counters.calls
             proposal = source.get_candidates(committed, room)
+            meta["drafter_calls"] = source.counters.calls - calls_before
         candidates = proposal.tokens[:room]
         verdict = verify_candidates(
             target,

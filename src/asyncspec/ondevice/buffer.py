@@ -41,10 +41,13 @@ class CandidateBuffer:
         self.finished = False  # the producer has published everything it will for this request
         self.producer_log: list[tuple[str, float]] = []  # what the producer received, and when
         self.stale_dropped = 0  # batches of other (earlier) requests drained and dropped
+        self.refreshes = 0  # refresh() calls so far
+        self.drained_at: list[int] = []  # per batch: the refresh() call (1-based) that delivered it
 
     def refresh(self) -> int:
         """Drain what the producer has sent, without waiting; returns the new token count."""
         before = len(self.tokens)
+        self.refreshes += 1
         while self.channel is not None and self.channel.poll(0):
             self.accept(self.channel.recv())
         return len(self.tokens) - before
@@ -66,6 +69,7 @@ class CandidateBuffer:
         if batch.offset != len(self.tokens):
             raise ValueError(f"batch at offset {batch.offset} after {len(self.tokens)} published tokens")
         self.batches.append(batch)
+        self.drained_at.append(self.refreshes)
         self.tokens.extend(batch.tokens)
         self.confidences.extend(batch.confidences or [None] * len(batch.tokens))
         self.publish_times.extend([batch.published] * len(batch.tokens))

@@ -1,0 +1,60 @@
+"""Arguments of `profile`, `replay` and `select-budget`, kept free of heavy imports so that
+building the parser (every CLI call) stays fast."""
+
+from __future__ import annotations
+
+from asyncspec.profiling.costs import DEFAULT_OFFSETS, DEFAULT_WIDTHS
+from asyncspec.profiling.deployed import CATALOG, config_path
+
+MAX_BUDGET = 24
+
+
+def add_profile(commands) -> None:
+    profile = commands.add_parser("profile", help="measure this device's verification and loop costs")
+    profile.add_argument("--model", default="whisper-base")
+    profile.add_argument("--producer", default="ct2-chunk@4s", help="producer for the concurrent sweep and loop costs")
+    profile.add_argument("--producer-model", default="whisper-tiny.en")
+    profile.add_argument("--drafter", default="whisper-tiny.en", help="sd drafter whose step cost is measured")
+    profile.add_argument("--dtype", default="bf16", choices=["bf16", "fp32", "fp16"])
+    profile.add_argument("--max-width", type=int, default=max(DEFAULT_WIDTHS), help="widths K = 1..this")
+    profile.add_argument("--offsets", default=",".join(map(str, DEFAULT_OFFSETS)), help="output tokens before calls")
+    profile.add_argument("--repetitions", type=int, default=5)
+    profile.add_argument("--warmup", type=int, default=1)
+    profile.add_argument("--idle-only", action="store_true", help="skip the sweep beside a running producer")
+    profile.add_argument("--threads", type=int, default=1)
+    profile.add_argument("--out", default="out", help="folder for profile.json and profile_saving.png")
+
+
+def add_replay(commands) -> None:
+    replay = commands.add_parser("replay", help="re-price saved runs under a cost profile; --validate vs native")
+    replay.add_argument("trajectories", nargs="?", help="trajectory JSON (from bench ondevice / select-budget)")
+    replay.add_argument("--profile", help="cost profile JSON (validate: default measures one now)")
+    replay.add_argument("--validate", action="store_true", help="native As²d vs replay of the same trajectories")
+    replay.add_argument("--audio", metavar="DIR", help="validate: audio directory (default: joined LibriVox)")
+    replay.add_argument("--model", default="whisper-base")
+    replay.add_argument("--producer", default="ct2-chunk@4s")
+    replay.add_argument("--producer-model", default="whisper-tiny.en")
+    replay.add_argument("--drafter", default="whisper-tiny.en")
+    replay.add_argument("--budget", type=int, default=6, help="validate: As²d budget (its default)")
+    replay.add_argument(
+        "--calibrate-every", type=int, default=0, help="validate: re-measure call costs before every N windows"
+    )
+    replay.add_argument("--dtype", default="bf16", choices=["bf16", "fp32", "fp16"])
+    replay.add_argument("--threads", type=int, default=1)
+    replay.add_argument("--out", default="out")
+    replay.add_argument("--json", metavar="FILE", help="write the report here (default: OUT/replay*.json)")
+
+
+def add_select_budget(commands) -> None:
+    select = commands.add_parser("select-budget", help="choose As²d's producer and budget on a development split")
+    select.add_argument("--audio", metavar="DIR", help="development audio (default: the espeak-ng development set)")
+    select.add_argument("--profile", help="cost profile JSON (default: measure one now, widths 1..25)")
+    select.add_argument("--producers", default=CATALOG, help="catalog: ct2-chunk@<s>s and/or autoregressive")
+    select.add_argument("--max-budget", type=int, default=MAX_BUDGET)
+    select.add_argument("--model", default="whisper-base")
+    select.add_argument("--producer-model", default="whisper-tiny.en")
+    select.add_argument("--drafter", default="whisper-tiny.en")
+    select.add_argument("--dtype", default="bf16", choices=["bf16", "fp32", "fp16"])
+    select.add_argument("--threads", type=int, default=1)
+    select.add_argument("--out", default="out")
+    select.add_argument("--config", help=f"where to write the deployed configuration (default: {config_path()})")

@@ -1,0 +1,152 @@
+"""`asyncspec replay`: price saved trajectories under a cost profile, or (--validate) check the
+replay model against native As²d runs timed just after the profile was measured (seed 000 D.3)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from statistics import mean
+from typing import Any
+
+from asyncspec.commands.profile import measure_profile, print_profile, profile_settings
+from asyncspec.errors import InputError
+from asyncspec.profiling.costs import CostProfile
+from asyncspec.profiling.deployed import ProducerChoice
+from asyncspec.profiling.replay import NativePricer, ProfilePricer, replay_as2d, replay_target_only, reprice_serial
+from asyncspec.profiling.selection import rank, replay_catalog
+from asyncspec.profiling.trajectory import WindowTrajectory, load_trajectories, save_trajectories
+
+
+def run(args) -> int:
+    if args.validate:
+        return validate(args)
+    if not args.trajectories or not args.profile:
+        raise InputError("replay needs a trajectory file and --profile (or --validate)")
+    trajectories = load_trajectories(args.trajectories)
+    profile = CostProfile.load(args.profile)
+    report = price_saved(trajectories, profile)
+    _write(report, args.json or Path(args.out) / "replay.json")
+    return 0
+
+
+def price_saved(trajectories: list[WindowTrajectory], profile: CostProfile) -> dict[str, Any]:
+    """Pooled replay TPS of target-only, every As²d (producer, budget), and recorded serial runs."""
+    producers = sorted({name for t in trajectories for name in t.sources})
+    catalog = replay_catalog(trajectories, profile, producers)
+    target_tps = catalog.pooled_tps(catalog.target_seconds)
+    ranking = [{"producer": e.producer, "budget": e.budget, "pooled_tps": round(tps, 3)} for e, tps in rank(catalog)]
+    serial = {}
+    for key in sorted({k for t in trajectories for k in t.native if k in ("sd", "specasr")}):
+        runs = [reprice_serial(t, key, profile) for t in trajectories if key in t.native]
+        serial[key] = round(sum(r.n_tokens for r in runs) / sum(r.time_s for r in runs), 3)
+    print(f"target-only {target_tps:.2f} tok/s (replay, {len(trajectories)} windows, {catalog.tokens} tokens)")
+    for row in ranking[:10]:
+        print(f"  as2d {row['producer']:>16} budget {row['budget']:>2}: {row['pooled_tps']:.2f} tok/s")
+    return {"target_pooled_tps": round(target_tps, 3), "as2d": ranking, "serial": serial}
+
+
+def validate(args) -> int:
+    from asyncspec.benchmarks.ondevice import directory_windows, librivox_windows
+    from asyncspec.models.registry import load_decoder
+    from asyncspec.profiling.collect import collect, producers
+
+    out = Path(args.out)
+    choice = ProducerChoice.parse(args.producer)
+    windows = directory_windows(args.audio) if args.audio else librivox_windows()
+    target = load_decoder(args.model, args.dtype)
+    if args.profile:
+        profile, calibration = CostProfile.load(args.profile), None
+    else:  # measured just before, frozen before any validation timing is seen
+        profile, calibration = measure_profile(profile_settings(args, args.producer, args.budget + 1), out, target)
+        profile.save(out / "replay_validate_profile.json")
+    print_profile(profile)
+    every = args.calibrate_every or len(windows)
+    pairs, mismatches = [], []
+    with producers([choice], args.producer_model, args.dtype, target) as workers:
+        for start in range(0, len(windows), every):
+            if start and calibration is not None:  # block calibration: costs re-measured before each block
+                profile = calibration.recalibrate(profile, args.budget + 1)
+            collection = collect(target, workers, windows[start : start + every], args.budget, "replay --validate")
+            pairs += [(t, profile) for t in collection.trajectories]
+            mismatches += collection.mismatches
+    save_trajectories(out / "replay_validate_trajectories.json", [t for t, _ in pairs])
+    report = agreement(pairs, choice.name, args.budget)
+    report.update(mismatches=mismatches, calibrate_every=args.calibrate_every, load_average=os.getloadavg())
+    print_agreement(report)
+    _write(report, args.json or out / "replay_validate.json")
+    return 0
+
+
+def agreement(pairs: list[tuple[WindowTrajectory, CostProfile]], producer: str, budget: int) -> dict:
+    """Per window: native vs replayed TPS under the profile calibrated before it (As²d and
+    target-only), and a self-check that replaying with the native run's own durations reproduces
+    its time exactly."""
+    rows = []
+    for t, profile in pairs:
+        key = f"as2d:{producer}"
+        if key not in t.native:
+            continue
+        native = t.native[key]
+        replayed = replay_as2d(t, producer, budget, ProfilePricer(profile))
+        own = replay_as2d(t, producer, budget, NativePricer(native))
+        target = replay_target_only(t, ProfilePricer(profile, target_only=True))
+        native_target = t.native["target"]
+        rows.append(
+            {
+                "window": t.window,
+                "dataset": t.dataset,
+                "tokens": len(t.tokens),
+                "native_tps": round(native.n_tokens / native.decode_s, 3),
+                "replay_tps": round(replayed.tps, 3),
+                "tps_error_pct": round(100 * (replayed.tps / (native.n_tokens / native.decode_s) - 1), 3),
+                "native_time_s": round(native.decode_s, 5),
+                "replay_time_s": round(replayed.time_s, 5),
+                "native_pricer_time_error_s": own.time_s - native.decode_s,
+                "target_native_tps": round(native_target.n_tokens / native_target.decode_s, 3),
+                "target_replay_tps": round(target.tps, 3),
+                "target_tps_error_pct": round(
+                    100 * (target.tps / (native_target.n_tokens / native_target.decode_s) - 1), 3
+                ),
+            }
+        )
+    if not rows:
+        raise InputError("no window has a replayable As²d trajectory")
+    tokens = sum(r["tokens"] for r in rows)
+    pooled_native = tokens / sum(r["native_time_s"] for r in rows)
+    pooled_replay = tokens / sum(r["replay_time_s"] for r in rows)
+    return {
+        "producer": producer,
+        "budget": budget,
+        "windows": len(rows),
+        "mean_abs_tps_error_pct": round(mean(abs(r["tps_error_pct"]) for r in rows), 3),
+        "mean_signed_tps_error_pct": round(mean(r["tps_error_pct"] for r in rows), 3),
+        "pooled_tps_error_pct": round(100 * (pooled_replay / pooled_native - 1), 3),
+        "target_mean_abs_tps_error_pct": round(mean(abs(r["target_tps_error_pct"]) for r in rows), 3),
+        "native_pricer_max_abs_error_s": max(abs(r["native_pricer_time_error_s"]) for r in rows),
+        "rows": rows,
+    }
+
+
+def print_agreement(report: dict) -> None:
+    print(f"{'window':>12} {'tokens':>6} {'native tok/s':>12} {'replay tok/s':>12} {'error':>8}")
+    for r in report["rows"]:
+        print(
+            f"{r['window']:>12} {r['tokens']:>6} {r['native_tps']:>12.2f} {r['replay_tps']:>12.2f} "
+            f"{r['tps_error_pct']:>7.2f}%"
+        )
+    print(
+        f"As²d ({report['producer']}, budget {report['budget']}) over {report['windows']} windows: mean absolute TPS "
+        f"error {report['mean_abs_tps_error_pct']:.2f}%, mean signed {report['mean_signed_tps_error_pct']:.2f}%, "
+        f"pooled {report['pooled_tps_error_pct']:.2f}%; target-only mean absolute "
+        f"{report['target_mean_abs_tps_error_pct']:.2f}%; replay with native durations off by at most "
+        f"{report['native_pricer_max_abs_error_s']:.2e} s"
+    )
+    if report.get("mismatches"):
+        print(f"outputs differing from target-only (not replayed): {', '.join(report['mismatches'])}")
+
+
+def _write(report: dict, path: Path | str) -> None:
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(json.dumps(report, indent=1))
+    print(f"wrote {path}")

@@ -1,0 +1,88 @@
+"""Offline configuration selection and the per-window oracle (seed 000 App. D.2.6, D.4.3).
+
+Every (producer, budget) in the catalog is replayed on every window under one cost profile.
+Selection ranks them by pooled throughput (all tokens over all time) on development windows;
+the oracle picks, with hindsight and at no cost, the fastest entry for each test window.
+A window where a producer's native run differed from target-only has no replayable trajectory
+for it; that entry is charged target-only time there (counted, never dropped)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from asyncspec.errors import InputError
+from asyncspec.profiling.costs import CostProfile
+from asyncspec.profiling.replay import ProfilePricer, replay_as2d, replay_target_only
+from asyncspec.profiling.trajectory import WindowTrajectory
+
+BUDGETS = tuple(range(1, 25))
+
+
+@dataclass(frozen=True)
+class Entry:
+    producer: str
+    budget: int
+
+
+@dataclass
+class Catalog:
+    """Replayed seconds per entry and window, plus target-only seconds per window."""
+
+    trajectories: list[WindowTrajectory]
+    seconds: dict[Entry, list[float]]
+    target_seconds: list[float]
+    fallbacks: int  # (entry, window) pairs charged target-only time
+
+    @property
+    def tokens(self) -> int:
+        return sum(len(t.tokens) for t in self.trajectories)
+
+    def pooled_tps(self, seconds: list[float]) -> float:
+        total = sum(seconds)
+        return self.tokens / total if total > 0 else 0.0
+
+
+def replay_catalog(
+    trajectories: list[WindowTrajectory], profile: CostProfile, producers: list[str], budgets=BUDGETS
+) -> Catalog:
+    pricer, target_pricer = ProfilePricer(profile), ProfilePricer(profile, target_only=True)
+    target_seconds = [replay_target_only(t, target_pricer).time_s for t in trajectories]
+    seconds, fallbacks = {}, 0
+    for producer in producers:
+        for budget in budgets:
+            row = []
+            for trajectory, fallback in zip(trajectories, target_seconds, strict=True):
+                if producer in trajectory.sources:
+                    row.append(replay_as2d(trajectory, producer, budget, pricer).time_s)
+                else:
+                    row.append(fallback)
+                    fallbacks += 1
+            seconds[Entry(producer, budget)] = row
+    return Catalog(trajectories, seconds, target_seconds, fallbacks)
+
+
+def rank(catalog: Catalog) -> list[tuple[Entry, float]]:
+    """Entries by pooled replay throughput, best first (ties: smaller budget first)."""
+    pooled = [(entry, catalog.pooled_tps(row)) for entry, row in catalog.seconds.items()]
+    return sorted(pooled, key=lambda item: (-item[1], item[0].budget, item[0].producer))
+
+
+def oracle(catalog: Catalog) -> tuple[float, list[Entry]]:
+    """Pooled TPS when every window gets its own hindsight-best entry, and those entries."""
+    best = [
+        min(catalog.seconds, key=lambda entry, i=i: (catalog.seconds[entry][i], entry.budget))
+        for i in range(len(catalog.trajectories))
+    ]
+    seconds = [catalog.seconds[entry][i] for i, entry in enumerate(best)]
+    return catalog.pooled_tps(seconds), best
+
+
+def ensure_disjoint(deployed, test_fingerprints: list[str]) -> None:
+    """Test windows must not have been part of the development split the deployment was chosen on."""
+    development = set(deployed.development.get("fingerprints", []))
+    shared = development.intersection(test_fingerprints)
+    if shared:
+        raise InputError(
+            f"{len(shared)} test window(s) were in the development split used by select-budget; "
+            "select on other audio (select-budget --audio DIR) before measuring headroom on these"
+        )

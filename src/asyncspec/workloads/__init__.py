@@ -1,0 +1,1 @@
+"""Evaluation workloads: HumanEval and GSM8K prompts, request arrival schedules, task-quality scorers."""
