@@ -106,3 +106,44 @@ def test_no_topk_falls_back_to_the_full_distribution(sampling_pair):
 def test_unknown_method_is_an_input_error():
     with pytest.raises(InputError):
         method_policy("pipeinfer")
+
+
+def test_bench_cloudedge_tiny_writes_json_and_plots(tmp_path):
+    """The benchmark command end to end with tiny models: real service processes, the link process,
+    two methods under one profile, unscaled and scaled; the JSON has the required keys and the PNGs exist."""
+    import json
+
+    from cloudedge_support import spawn
+
+    out = tmp_path / "out"
+    args = [
+        "bench", "cloudedge", "--models", "tiny", "--methods", "asymspec,runahead", "--profiles", "weak",
+        "--link-scales", "1,40", "--requests", "3", "--max-new-tokens", "10", "--temperature", "0",
+        "--out", str(out), "--json", str(tmp_path / "r.json"),
+    ]  # fmt: skip
+    process = spawn(*args)
+    stdout, stderr = process.communicate(timeout=600)
+    assert process.returncode == 0, stderr[-3000:]
+    document = json.loads((tmp_path / "r.json").read_text())
+    required = {"profile", "link_scale", "method", "throughput_tok_s", "e2e_s_mean", "ttft_s_mean", "tpot_s_mean"}
+    required |= {"uplink_bytes_per_token", "downlink_bytes_per_token"}
+    assert len(document["results"]) == 4
+    for result in document["results"]:
+        assert required <= set(result)
+        assert result["throughput_tok_s"] > 0 and result["uplink_bytes_per_token"] > 0
+    assert {(r["method"], r["link_scale"]) for r in document["results"]} == {
+        ("asymspec", 1.0), ("asymspec", 40.0), ("runahead", 1.0), ("runahead", 40.0)
+    }  # fmt: skip
+    assert document["exactness"]["all_equal"] is True  # greedy: every output checked against target-only
+    runahead = [r for r in document["results"] if r["method"] == "runahead"]
+    assert all(r["max_open_blocks_per_request"] >= 1 for r in runahead)
+    assert all(r["max_open_blocks_per_request"] == 1 for r in document["results"] if r["method"] == "asymspec")
+    for name in ("cloudedge_throughput.png", "cloudedge_latency_cdf.png"):
+        assert (out / name).stat().st_size > 1000
+    assert "greedy exactness" in stdout
+
+
+def test_method_names_in_the_parser_match_the_presets():
+    from asyncspec.commands.bench_cloudedge import METHOD_NAMES
+
+    assert METHOD_NAMES.split(",") == list(METHODS)

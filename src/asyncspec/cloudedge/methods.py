@@ -91,4 +91,3 @@ def parse_methods(text: str) -> list[str]:
     if not names:
         raise InputError("give at least one method")
     return names
-
