@@ -147,3 +147,20 @@ def test_method_names_in_the_parser_match_the_presets():
     from asyncspec.commands.bench_cloudedge import METHOD_NAMES
 
     assert METHOD_NAMES.split(",") == list(METHODS)
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["bench", "cloudedge", "--models", "tiny", "--methods", "pipeinfer"],
+        ["bench", "cloudedge", "--models", "tiny", "--profiles", "lte"],
+        ["bench", "cloudedge", "--models", "tiny", "--requests", "0"],
+        ["bench", "correction", "--models", "tiny", "--ks", "a,b"],
+        ["serve", "edge", "--preset", "nope", "--cloud", "tcp://127.0.0.1:9"],
+    ],
+)
+def test_bad_bench_input_exits_2(argv, capsys):
+    from asyncspec.cli import main
+
+    assert main(argv) == 2
+    assert "error" in capsys.readouterr().err
