@@ -27,3 +27,14 @@ def test_certificate_bounds_residual_tv_and_full_support_is_exact():
 def test_no_residual_when_the_draft_matches():
     p = torch.softmax(torch.randn(50), 0)
     assert fidelity_at(p, p.clone(), [4]) is None
+
+
+def test_quality_record_scores_gsm8k_completions():
+    from asyncspec.benchmarks.correction_sensitivity import quality_record
+    from asyncspec.workloads.tasks import load_tasks
+
+    tasks = load_tasks("gsm8k", limit=2)
+    texts = [(f"so the answer is \\boxed{{{tasks[0].reference}}}", {"corrections": {"full": 1}}), ("\\boxed{-1}", {})]
+    record = quality_record(tasks, texts, 1.0)
+    assert record["correct"] == [True, False] and record["accuracy"] == 0.5
+    assert record["corrections"] == [{"full": 1}, {}]

@@ -154,7 +154,6 @@ def decode_with(target, drafter, policy, prompts: list[str], max_new_tokens: int
 def task_quality(target, drafter, args, models: str) -> dict:
     from asyncspec.cloudedge.correction import CorrectionPolicy
     from asyncspec.cloudedge.policy import EdgePolicy
-    from asyncspec.workloads.scoring import accuracy, score
     from asyncspec.workloads.tasks import load_tasks
 
     if models == "tiny":
@@ -175,16 +174,23 @@ def task_quality(target, drafter, args, models: str) -> dict:
                 target, drafter, EdgePolicy(correction=correction), [t.prompt for t in tasks],
                 args.quality_tokens, args.temperature, eps_req, args.seed,
             )  # fmt: skip
-            scores = [score(task, text) for task, (text, _) in zip(tasks, texts, strict=True)]
-            modes = [stats.get("corrections", {}) for _, stats in texts]
-            out[f"{workload} / {name}"] = {
-                "problems": len(tasks),
-                "accuracy": accuracy(scores),
-                "passed": [s.passed for s in scores],
-                "corrections": modes,
-                "seconds": time.time() - start,
-            }
+            out[f"{workload} / {name}"] = quality_record(tasks, texts, time.time() - start)
     return out
+
+
+def quality_record(tasks, texts: list[tuple[str, dict]], seconds: float) -> dict:
+    """Scores (HumanEval pass@1 / GSM8K exact match) of one setting's completions, with their correction modes."""
+    from asyncspec.workloads.scoring import accuracy, score
+
+    scores = [score(task, text) for task, (text, _) in zip(tasks, texts, strict=True)]
+    return {
+        "problems": len(tasks),
+        "accuracy": accuracy(scores),
+        "correct": [s.correct for s in scores],
+        "detail": [s.detail for s in scores],
+        "corrections": [stats.get("corrections", {}) for _, stats in texts],
+        "seconds": seconds,
+    }
 
 
 # ---------------------------------------------------------------- command
