@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from asyncspec.commands import bench_cloudedge, serve
 from asyncspec.commands import link as link_command
-from asyncspec.commands import serve
 from asyncspec.errors import InputError, ModelNotPreparedError
 from asyncspec.profiling.deployed import CATALOG
 
@@ -82,6 +82,8 @@ def build_parser() -> argparse.ArgumentParser:
     ondevice.set_defaults(method="sd,specasr,as2d", json=False)
     from asyncspec.benchmarks import ondemand as ondemand_bench
     from asyncspec.commands import listen
+
+    bench_cloudedge.add_parsers(benches)
     from asyncspec.commands.profiling_cli import add_profile, add_replay, add_select_budget
 
     for add in (add_profile, add_replay, add_select_budget):
@@ -141,6 +143,8 @@ def _dispatch(args: argparse.Namespace) -> int:
         from asyncspec.benchmarks import ondemand as ondemand_bench
 
         return ondemand_bench.run(args)
+    if args.command == "bench" and args.bench in ("cloudedge", "correction"):
+        return bench_cloudedge.run(args)
     if args.command == "bench":
         from asyncspec.benchmarks import methods as methods_bench
         from asyncspec.benchmarks import ondevice as ondevice_bench

@@ -56,6 +56,7 @@ class CloudCounters:
     blocks: int = 0
     answered_from_cache: int = 0  # duplicates / retransmissions of decided blocks
     duplicate_in_queue: int = 0
+    superseded: int = 0  # queued blocks replaced by a different block at the same position (runahead)
     nacks: Counter = field(default_factory=Counter)  # reason -> count
     batches: int = 0
     batched_blocks: int = 0
@@ -267,14 +268,26 @@ class CloudVerifier:
         if self._resend_cached(identity, key):
             return
         if key in self.queued:
-            self.counters.duplicate_in_queue += 1
-            self.reply_to[key] = identity  # the edge may have reconnected: answer its newest socket
+            if not self._supersede(identity, block):
+                self.counters.duplicate_in_queue += 1
+                self.reply_to[key] = identity  # the edge may have reconnected: answer its newest socket
             return
         if len(self.queue) >= self.config.max_queue:
             self._nack(identity, block.id.request, block.id.base, "busy")
             return
         self.queue.append((identity, block))
         self.queued.add(key)
+
+    def _supersede(self, identity: bytes, block: wire.Block) -> bool:
+        """A different block at a queued block's position replaces it: a runahead edge discarded the
+        queued one (its presumed prefix did not hold) and drafted this one from the confirmed prefix."""
+        for index, (queued_identity, queued) in enumerate(self.queue):
+            if queued.id.key() == block.id.key() and queued != block:
+                self.queue[index] = (identity, block)
+                self.counters.superseded += 1
+                self._nack(queued_identity, queued.id.request, queued.id.base, "stale")
+                return True
+        return False
 
     def _problem(self, block: wire.Block) -> str | None:
         """Why this block cannot be verified against its request's confirmed prefix (None: it can)."""

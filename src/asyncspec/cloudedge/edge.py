@@ -46,6 +46,10 @@ class EdgeCounters:
     stale_replies: int = 0  # verdicts / corrections for blocks no longer open (duplicates, late)
     nacks: Counter = field(default_factory=Counter)
     open_block_violations: int = 0  # attempts to open a second block of one request (never expected)
+    invalidated_blocks: int = 0  # runahead blocks a verdict invalidated (runahead only)
+    invalidated_tokens: int = 0
+    promoted_blocks: int = 0  # runahead blocks whose presumption held
+    max_open_blocks: int = 0  # most blocks of one request open at once
 
     def as_dict(self) -> dict:
         out = dict(self.__dict__)
@@ -197,46 +201,99 @@ class EdgeGateway:
     # ------------------------------------------------------------ drafting (confirmed prefixes only)
 
     def _can_draft(self) -> bool:
-        if not self.ready or self.cloud is None:
+        return bool(self.ready) and self.cloud is not None
+
+    def _draftable(self, request: EdgeRequest | None) -> bool:
+        """May this request draft a block now? From its confirmed prefix when nothing of it is open
+        (and, without the pipeline, nothing of another request is open); from its unconfirmed prefix
+        only under runahead."""
+        if request is None:
             return False
-        return self.policy.pipeline or not any(r.open for r in self.requests.values())
+        if request.open is None:
+            return self.policy.pipeline or not any(r.open for r in self.requests.values())
+        return self.policy.runahead and len(request.ahead) < self.policy.runahead_depth and self._room_ahead(request)
+
+    def _next_draftable(self) -> EdgeRequest | None:
+        for _ in range(len(self.ready)):
+            request_id = self.ready.popleft()
+            request = self.requests.get(request_id)
+            if self._draftable(request):
+                return request
+            if request is not None and request.open is None:
+                self.ready.append(request_id)  # waits for another request's block (no pipeline)
+        return None
+
+    def _mark_ready(self, request: EdgeRequest) -> None:
+        if request.id not in self.ready:
+            self.ready.append(request.id)
 
     def _draft_next(self) -> None:
-        request = self.requests.get(self.ready.popleft())
-        if request is None or request.open is not None:
+        request = self._next_draftable()
+        if request is None:
             return
         start = time.perf_counter()
-        block = self._draft_block(request)
-        request.stats.draft_s += time.perf_counter() - start
-        self._open(request, block)
+        block = self._draft_block(request, ahead=request.open is not None)
+        elapsed = time.perf_counter() - start
+        request.stats.draft_s += elapsed
+        if block is not None:
+            block.draft_s = elapsed
+            self._open(request, block)
 
-    def _draft_block(self, request: EdgeRequest) -> OpenBlock:
-        base = len(request.prompt) + len(request.generated)
-        room = min(self.policy.block_size, request.limit - len(request.generated) - 1, self.cloud.max_length - base)
+    def _room_ahead(self, request: EdgeRequest) -> bool:
+        presumed = request.presumed()
+        ends = any(t in self.drafter.eos_ids for t in presumed[len(request.generated) :])
+        return not ends and len(presumed) + 2 < request.limit
+
+    def _draft_block(self, request: EdgeRequest, ahead: bool = False) -> OpenBlock | None:
+        """A block from the confirmed prefix, or (runahead) from the presumed one: then the first drafted
+        token is the guess of the previous block's bonus and becomes this block's root."""
+        generated = request.presumed() if ahead else request.generated
+        base = len(request.prompt) + len(generated) + (1 if ahead else 0)
+        used = len(generated) + (1 if ahead else 0)
+        room = min(self.policy.block_size, request.limit - used - 1, self.cloud.max_length - base)
         temperature = request.sampling.temperature
-        candidates, q_rows = [], None
-        if room > 0:
+        candidates, q_rows, root = [], None, (None if ahead else request.confirmed[-1])
+        if room > 0 or ahead:
             proposal = request.drafter.propose(
-                request.generated, room, temperature=temperature, generator=request.generator
+                generated,
+                max(room, 0) + (1 if ahead else 0),
+                min_confidence=self.policy.draft_min_confidence,
+                temperature=temperature,
+                generator=request.generator,
+                keep_q=self.policy.uplink == "full",
             )
-            candidates = proposal.tokens[:room]
-            q_rows = proposal.q[: len(candidates)] if proposal.q is not None else None
+            if ahead and not proposal.tokens:
+                return None  # the drafter has no room left: nothing to run ahead with
+            skip = 1 if ahead else 0
+            root = proposal.tokens[0] if ahead else root
+            candidates = proposal.tokens[skip : skip + max(room, 0)]
+            q_rows = proposal.q[skip : skip + len(candidates)] if proposal.q is not None else None
         q_bytes, q_full = b"", b""
         if q_rows is not None:
-            q_bytes = wire.pack_probs(q_rows[torch.arange(len(candidates)), candidates])
-            if self.policy.uplink == "full":
+            if temperature > 0:
+                q_bytes = wire.pack_probs(q_rows[torch.arange(len(candidates)), candidates])
+            if self.policy.uplink == "full":  # the symmetric exchange uploads the distributions even when greedy
                 q_full = wire.pack_probs(q_rows.reshape(-1))
         block_id = wire.BlockId(request.id, base, len(candidates), request.sampling.digest())
-        message = wire.Block(block_id, request.confirmed[-1], wire.pack_ids(candidates), q_bytes, q_full)
+        message = wire.Block(block_id, root, wire.pack_ids(candidates), q_bytes, q_full)
         return OpenBlock(message, candidates, q_rows, time.monotonic())
 
     def _open(self, request: EdgeRequest, block: OpenBlock) -> None:
-        if request.open is not None:  # the invariant; never expected
+        open_now = (request.open is not None) + len(request.ahead)
+        if open_now >= self.policy.max_open_per_request:  # the invariant; never expected
             self.counters.open_block_violations += 1
-            raise AssertionError(f"request {request.id} already has an open block")
-        request.open = block
+            raise AssertionError(f"request {request.id} already has {open_now} open block(s)")
+        if request.open is None:
+            request.open = block
+        else:
+            request.ahead.append(block)
+        request.stats.max_open_blocks = max(request.stats.max_open_blocks, open_now + 1)
+        self.counters.max_open_blocks = max(self.counters.max_open_blocks, open_now + 1)
         self.counters.blocks_sent += 1
         self._send(block.message, request)
+        block.size = len(wire.encode(block.message))
+        if self._draftable(request):
+            self._mark_ready(request)  # runahead: keep drafting this request's next block
 
     # ------------------------------------------------------------ replies
 
@@ -342,6 +399,9 @@ class EdgeGateway:
         if request is None:
             return
         request.stats.nacks[nack.reason] += 1
+        if request.invalidated_bases[nack.base] > 0 and nack.reason in ("stale", "unknown"):
+            request.invalidated_bases[nack.base] -= 1  # the answer to a runahead block already discarded
+            return
         base = len(request.prompt) + len(request.generated)
         if request.open is None or nack.base != base:
             return  # about a block that is no longer open
@@ -360,6 +420,7 @@ class EdgeGateway:
         stats.drafted += len(block.candidates)
         stats.accepted += block.accepted
         request.open = None
+        held = self._runahead_held(request, block, token)
         for committed in [*block.candidates[: block.accepted], token]:
             if committed in self.drafter.eos_ids:
                 self._finish(request, "eos")
@@ -372,7 +433,34 @@ class EdgeGateway:
             if len(request.generated) >= request.limit:
                 self._finish(request, "length")
                 return
-        self.ready.append(request.id)
+        if held:
+            request.open = request.ahead.pop(0)  # already sent; its verdict follows
+            request.stats.promoted_blocks += 1
+            self.counters.promoted_blocks += 1
+        if self._draftable(request):
+            self._mark_ready(request)
+
+    def _runahead_held(self, request: EdgeRequest, block: OpenBlock, token: int) -> bool:
+        """Did the verdict confirm what the first runahead block presumed (all accepted, bonus guessed)?
+        If not, every runahead block of the request is invalid: discard and count it."""
+        if not request.ahead:
+            return False
+        if block.accepted == len(block.candidates) and token == request.ahead[0].message.root:
+            return True
+        self._invalidate_ahead(request)
+        return False
+
+    def _invalidate_ahead(self, request: EdgeRequest) -> None:
+        for dropped in request.ahead:
+            stats = request.stats
+            stats.invalidated_blocks += 1
+            stats.invalidated_tokens += 1 + len(dropped.candidates)
+            stats.invalidated_uplink_bytes += dropped.size
+            stats.invalidated_draft_s += dropped.draft_s
+            self.counters.invalidated_blocks += 1
+            self.counters.invalidated_tokens += 1 + len(dropped.candidates)
+            request.invalidated_bases[dropped.id.base] += 1
+        request.ahead.clear()
 
     def _close_books(self, request: EdgeRequest) -> None:
         request.stats.finished = time.monotonic()
@@ -380,6 +468,7 @@ class EdgeGateway:
         self.traffic.forget(request.id)
 
     def _finish(self, request: EdgeRequest, reason: str) -> None:
+        self._invalidate_ahead(request)
         self.requests.pop(request.id, None)
         self._send(wire.Close(request.id), request)
         self._close_books(request)
@@ -410,6 +499,7 @@ class EdgeGateway:
             self._fail(request, "the cloud kept losing this request's state")
             return
         request.epoch += 1
+        self._invalidate_ahead(request)
         self._send(request.open_message(self.policy.correction.first_k), request)
         block = request.open
         if block is not None:

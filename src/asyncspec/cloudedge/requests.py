@@ -36,6 +36,13 @@ class RequestStats:
     nacks: Counter = field(default_factory=Counter)
     stale_replies: int = 0
     corrections: CorrectionCounts = field(default_factory=CorrectionCounts)
+    # runahead only: blocks drafted from an unconfirmed prefix that a verdict then invalidated
+    invalidated_blocks: int = 0
+    invalidated_tokens: int = 0  # their drafted tokens (guessed bonus + candidates)
+    invalidated_uplink_bytes: int = 0
+    invalidated_draft_s: float = 0.0
+    promoted_blocks: int = 0  # runahead blocks whose presumption held
+    max_open_blocks: int = 0  # most blocks of this request open at once
 
     def as_dict(self) -> dict:
         start = self.submitted
@@ -57,6 +64,12 @@ class RequestStats:
             "nacks": dict(self.nacks),
             "stale_replies": self.stale_replies,
             "corrections": self.corrections.as_dict(),
+            "invalidated_blocks": self.invalidated_blocks,
+            "invalidated_tokens": self.invalidated_tokens,
+            "invalidated_uplink_bytes": self.invalidated_uplink_bytes,
+            "invalidated_draft_s": self.invalidated_draft_s,
+            "promoted_blocks": self.promoted_blocks,
+            "max_open_blocks": self.max_open_blocks,
         }
 
 
@@ -72,6 +85,8 @@ class OpenBlock:
     accepted: int | None = None  # from the verdict
     session: CorrectionSession | None = None
     asked: Ask | None = None  # the correction query in flight
+    draft_s: float = 0.0
+    size: int = 0  # uplink bytes of its Block message
 
     @property
     def id(self) -> wire.BlockId:
@@ -90,9 +105,20 @@ class EdgeRequest:
     drafter: PrefixDrafter | None = None
     generated: list[int] = field(default_factory=list)
     open: OpenBlock | None = None
+    ahead: list[OpenBlock] = field(default_factory=list)  # runahead: blocks drafted from an unconfirmed prefix
+    invalidated_bases: Counter = field(default_factory=Counter)  # their positions, whose Nacks are expected
     epoch: int = 0
     limit: int = 0
     stats: RequestStats = field(default_factory=RequestStats)
+
+    def presumed(self) -> list[int]:
+        """Generated tokens as runahead presumes them: every open block fully accepted, each bonus guessed."""
+        tokens = list(self.generated)
+        if self.open is not None:
+            tokens += self.open.candidates
+        for block in self.ahead:
+            tokens += [block.message.root, *block.candidates]
+        return tokens
 
     @property
     def confirmed(self) -> list[int]:

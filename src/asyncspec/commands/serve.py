@@ -33,6 +33,7 @@ def add_commands(commands) -> None:
     edge.add_argument("--uplink", choices=["compact", "full"], default="compact", help="full: baseline uplink")
     edge.add_argument("--full-correction", action="store_true", help="ablation: full distribution on every rejection")
     edge.add_argument("--no-pipeline", action="store_true", help="ablation: one open block across all requests")
+    edge.add_argument("--preset", help="a benchmark method preset (asymspec, standard, runahead, cosine, ablations)")
     edge.add_argument("--dead-after", type=float, default=30.0, help="seconds of cloud silence before resubmitting")
     edge.add_argument("--give-up", type=float, default=300.0, help="seconds of cloud silence before failing requests")
     _model_options(edge)
@@ -117,7 +118,7 @@ def _policy(args):
     if list(schedule) != sorted(set(schedule)) or any(k < 1 for k in schedule):
         raise InputError("--k-schedule must be strictly increasing positive integers")
     correction = CorrectionPolicy(k_schedule=schedule, proposals=args.proposals, full_only=args.full_correction)
-    return EdgePolicy(
+    policy = EdgePolicy(
         block_size=args.block_size,
         correction=correction,
         uplink=args.uplink,
@@ -125,6 +126,11 @@ def _policy(args):
         dead_after_s=args.dead_after,
         give_up_s=args.give_up,
     )
+    if getattr(args, "preset", None):  # a preset overrides the switches above (methods.py)
+        from asyncspec.cloudedge.methods import method_policy
+
+        policy = method_policy(args.preset, policy)
+    return policy
 
 
 def _http_server(gateway, drafter, args):

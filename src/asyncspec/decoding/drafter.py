@@ -78,6 +78,7 @@ class PrefixDrafter:
         min_confidence: float | None = None,
         temperature: float = 0.0,
         generator: torch.Generator | None = None,
+        keep_q: bool = False,  # also return the rows when greedy (a baseline uploads them)
     ) -> Proposal:
         """Up to max_tokens candidates; stops after the first token below min_confidence
         (that token included) or at the drafter's end of sequence (proposed as the target's)."""
@@ -99,7 +100,7 @@ class PrefixDrafter:
                 break
             logits = self.drafter.extend(self.state, [token])[-1]
             self.counters.calls += 1
-        return self._to_target(wanted, tokens, confidences, rows if temperature > 0 else None, max_tokens)
+        return self._to_target(wanted, tokens, confidences, rows if temperature > 0 or keep_q else None, max_tokens)
 
     def _choose(self, logits, probs, temperature, generator) -> int:
         if temperature <= 0:

@@ -1,0 +1,273 @@
+"""`asyncspec bench cloudedge`: every method (AsymSpec, its baselines and ablations) under every network
+profile, unscaled and with the link scaled, on the same cloud process, link emulator and models, in one
+invocation so the ratios share machine conditions.
+
+Per (link scale, profile, method): a fresh `LinkProcess` in front of the one cloud process and a fresh
+edge process with the method's preset; the workload is driven through the edge's client socket. Bytes
+per committed token are the wire bytes the link process carried (ZeroMQ framing and pings included);
+the services' own message-byte counters are reported next to them. A greedy exactness check compares
+every method's output with target-only decoding of the same prompts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from asyncspec.benchmarks import cloudedge_report as report
+from asyncspec.benchmarks.cloudedge_driver import (
+    EdgeProcess,
+    Workload,
+    free_port,
+    run_profile,
+    spawn_service,
+    stop_service,
+)
+from asyncspec.cloudedge.link_profiles import DEFAULT_LINK_SCALE, resolve_profile
+from asyncspec.cloudedge.methods import COSINE_NOTE
+from asyncspec.errors import InputError
+
+QWEN_PAIR = ("qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b")
+BYTES_SOURCE = "LinkProcess wire bytes per direction (ZeroMQ framing and pings included) / committed tokens"
+
+
+@dataclass
+class BenchConfig:
+    models: str  # "tiny" | "qwen"
+    methods: list[str]
+    profiles: list[str]
+    scales: list[float]
+    workload: str
+    requests: int
+    max_new_tokens: int
+    temperature: float
+    eps_req: float
+    clients: int | None
+    rate_per_s: float | None
+    block_size: int
+    run_timeout_s: float
+    check_requests: int
+    check_tokens: int
+    dtype: str
+    seed: int
+
+
+def prompts_for(config: BenchConfig) -> list[str]:
+    if config.models == "tiny":
+        from asyncspec.benchmarks.tiny_pair import tiny_prompts
+
+        return tiny_prompts(max(config.requests, config.check_requests), config.seed)
+    from asyncspec.workloads.tasks import load_tasks
+
+    # the shortest prompts of the workload: on two CPU cores a 1.5B prefill of a long prompt costs tens of
+    # seconds and would dominate the few tokens a run can afford, hiding the decoding methods' differences
+    prompts = sorted((task.prompt for task in load_tasks(config.workload)), key=len)
+    return prompts[: max(config.requests, config.check_requests)]
+
+
+def model_paths(config: BenchConfig, scratch: Path) -> tuple[str, str]:
+    if config.models == "tiny":
+        from asyncspec.benchmarks.tiny_pair import save_tiny_pair
+
+        return tuple(str(p) for p in save_tiny_pair(scratch))
+    return QWEN_PAIR
+
+
+def edge_args(config: BenchConfig, drafter: str, method: str) -> list[str]:
+    return [
+        "--model", drafter, "--dtype", config.dtype, "--threads", "1", "--preset", method,
+        "--block-size", str(config.block_size), "--dead-after", "120", "--give-up", "900",
+    ]  # fmt: skip
+
+
+def run(args) -> int:
+    config = config_from_args(args)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    started = time.time()
+    with tempfile.TemporaryDirectory(prefix="asyncspec-bench-models-") as scratch:
+        target, drafter = model_paths(config, Path(scratch))
+        prompts = prompts_for(config)
+        cloud_port = free_port()
+        cloud_args = ["serve", "cloud", "--model", target, "--dtype", config.dtype, "--threads", "1"]
+        cloud = spawn_service([*cloud_args, "--bind", f"tcp://127.0.0.1:{cloud_port}"], Path(scratch) / "cloud.log")
+        try:
+            results = measure(config, cloud_port, drafter, prompts, Path(scratch), out / "cloudedge.partial.json")
+            exactness = check_exactness(config, cloud_port, target, drafter, prompts, results, Path(scratch))
+        finally:
+            stop_service(cloud)
+    summary = report.comparisons(results)
+    tables = report.table_ii(results)
+    print(report.format_results(results))
+    print()
+    print(report.format_comparisons(summary))
+    print()
+    print(report.format_table_ii(tables))
+    print()
+    print(format_exactness(exactness))
+    load = os.getloadavg()
+    machine = f"{os.cpu_count()} cores, load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} at the end"
+    print(f"machine: {machine}; models {target} <- {drafter} ({config.dtype}); {time.time() - started:.0f} s")
+    document = {
+        "config": asdict(config),
+        "models": {
+            "target": target if config.models != "tiny" else "tiny",
+            "drafter": drafter if config.models != "tiny" else "tiny",
+        },
+        "machine": machine,
+        "bytes_per_token_source": BYTES_SOURCE,
+        "cosine": COSINE_NOTE,
+        "results": results,
+        "comparisons": summary,
+        "table_ii": tables,
+        "exactness": exactness,
+        "plots": [str(p) for p in report.plot(results, out)],
+    }
+    json_path = Path(args.json) if args.json else out / "cloudedge.json"
+    json_path.parent.mkdir(parents=True, exist_ok=True)
+    json_path.write_text(json.dumps(document, indent=1, default=str))
+    print(f"wrote {json_path} and {', '.join(document['plots'])}")
+    return 0 if exactness["all_equal"] is not False else 1
+
+
+def measure(
+    config: BenchConfig, cloud_port: int, drafter: str, prompts: list[str], scratch: Path, partial: Path
+) -> list[dict]:
+    """Every (method, scale, profile) run; each result is also appended to `partial` as it comes."""
+    workload = Workload(
+        prompts[: config.requests], config.requests, config.max_new_tokens, config.temperature, config.eps_req,
+        config.seed, config.clients, config.rate_per_s,
+    )  # fmt: skip
+    results = []
+    for method in config.methods:
+        with EdgeProcess(edge_args(config, drafter, method), free_port(), scratch) as edge:
+            for scale in config.scales:
+                for name in config.profiles:
+                    output = run_profile(
+                        edge, resolve_profile(name, scale=scale), cloud_port, workload, config.run_timeout_s
+                    )
+                    metrics = report.run_metrics(output)
+                    metrics["outputs"] = [r.tokens for r in output.records]
+                    results.append({"profile": name, "link_scale": scale, "method": method, **metrics})
+                    print(_progress(scale, name, method, metrics), flush=True)
+                    partial.write_text(json.dumps({"config": asdict(config), "results": results}, default=str))
+    order = {(s, p): i for i, (s, p) in enumerate((s, p) for s in config.scales for p in config.profiles)}
+    return sorted(results, key=lambda r: order[(r["link_scale"], r["profile"])])
+
+
+def _progress(scale: float, profile: str, method: str, metrics: dict) -> str:
+    return (
+        f"  scale {scale:g} {profile:<6} {method:<21} {metrics['throughput_tok_s']:7.3f} tok/s "
+        f"({metrics['committed_tokens']} tokens, {metrics['completed']}/{metrics['requests']} done"
+        f"{', TIMED OUT' if metrics['timed_out'] else ''})"
+    )
+
+
+def target_only_outputs(target: str, dtype: str, prompts: list[str], max_new_tokens: int) -> list[list[int]]:
+    import torch
+
+    from asyncspec.decoding.target_only import decode_target_only
+    from asyncspec.models.registry import load_decoder
+
+    torch.set_num_threads(1)
+    model = load_decoder(target, dtype)
+    requests = [model.request(p, max_new_tokens=max_new_tokens) for p in prompts]
+    return [decode_target_only(model, None, r).tokens for r in requests]
+
+
+def check_exactness(config, cloud_port, target, drafter, prompts, results, scratch: Path) -> dict:
+    """Greedy outputs must equal target-only. Greedy main runs are checked directly; otherwise every
+    method runs `check_requests` greedy requests of `check_tokens` under the strong profile, unscaled."""
+    if config.temperature <= 0:
+        count, tokens = config.requests, config.max_new_tokens
+        runs = {(r["link_scale"], r["profile"], r["method"]): r["outputs"] for r in results if not r["timed_out"]}
+    else:
+        count, tokens = config.check_requests, config.check_tokens
+        if count <= 0:
+            return {"all_equal": None, "note": "no greedy check requested (--check-requests 0)"}
+        workload = Workload(prompts[:count], count, tokens, 0.0, 0.0, config.seed)
+        profile = resolve_profile("strong")
+        runs = {}
+        for method in config.methods:
+            with EdgeProcess(edge_args(config, drafter, method), free_port(), scratch) as edge:
+                output = run_profile(edge, profile, cloud_port, workload, 20 * config.run_timeout_s)
+            runs[(1.0, "strong", method)] = [r.tokens for r in output.records]
+    expected = target_only_outputs(target, config.dtype, prompts[:count], tokens)
+    checked = {}
+    for (scale, profile, method), outputs in runs.items():
+        equal = [o == e for o, e in zip(outputs, expected, strict=False)]
+        checked[f"{method} @ {profile} scale {scale:g}"] = {"equal": sum(equal), "of": len(expected)}
+    all_equal = all(v["equal"] == v["of"] for v in checked.values()) if checked else None
+    return {"all_equal": all_equal, "requests": count, "max_new_tokens": tokens, "runs": checked}
+
+
+def format_exactness(exactness: dict) -> str:
+    if exactness.get("all_equal") is None:
+        return f"greedy exactness: not checked ({exactness.get('note', 'no completed runs')})"
+    lines = [
+        f"greedy exactness vs target-only ({exactness['requests']} requests x {exactness['max_new_tokens']} tokens): "
+        + ("all equal" if exactness["all_equal"] else "MISMATCH")
+    ]
+    lines += [
+        f"  {name}: {v['equal']}/{v['of']} equal" for name, v in exactness["runs"].items() if v["equal"] != v["of"]
+    ]
+    return "\n".join(lines)
+
+
+def config_from_args(args) -> BenchConfig:
+    from asyncspec.cloudedge.methods import parse_methods
+
+    models = args.models or ("qwen" if _qwen_prepared() else "tiny")
+    if models == "qwen" and not _qwen_prepared():
+        raise InputError("the Qwen2.5-Coder pair is not prepared; run `asyncspec models prepare` or use --models tiny")
+    defaults = TINY_DEFAULTS if models == "tiny" else QWEN_DEFAULTS
+    profiles = [p.strip() for p in args.profiles.split(",") if p.strip()]
+    for profile in profiles:
+        resolve_profile(profile)
+    scales = [float(s) for s in args.link_scales.split(",")] if args.link_scales else [1.0, DEFAULT_LINK_SCALE]
+    if any(s <= 0 for s in scales):
+        raise InputError("link scales must be positive")
+    pick = lambda name: getattr(args, name) if getattr(args, name) is not None else defaults[name]  # noqa: E731
+    config = BenchConfig(
+        models=models,
+        methods=parse_methods(args.methods),
+        profiles=profiles,
+        scales=scales,
+        workload=args.workload,
+        requests=pick("requests"),
+        max_new_tokens=pick("max_new_tokens"),
+        temperature=args.temperature,
+        eps_req=args.eps_req,
+        clients=args.clients,
+        rate_per_s=args.rate,
+        block_size=args.block_size,
+        run_timeout_s=pick("run_timeout"),
+        check_requests=pick("check_requests"),
+        check_tokens=pick("check_tokens"),
+        dtype=args.dtype or ("fp32" if models == "tiny" else "bf16"),
+        seed=args.seed,
+    )
+    if config.requests < 1 or config.max_new_tokens < 1 or config.run_timeout_s <= 0:
+        raise InputError("--requests, --max-new-tokens and --run-timeout must be positive")
+    if config.temperature < 0 or config.eps_req < 0:
+        raise InputError("--temperature and --eps-req must be >= 0")
+    return config
+
+
+# Quick defaults: tiny models finish the whole grid in about a minute; the real pair's defaults are sized
+# for minutes (1.5B verification costs ~0.75 s per width-1 and 2+ s per width-8 forward on one core).
+TINY_DEFAULTS = dict(requests=6, max_new_tokens=24, run_timeout=60.0, check_requests=4, check_tokens=24)
+QWEN_DEFAULTS = dict(requests=3, max_new_tokens=16, run_timeout=60.0, check_requests=2, check_tokens=12)
+
+
+def _qwen_prepared() -> bool:
+    from asyncspec.models.offline import is_prepared
+
+    try:
+        return all(is_prepared(name) for name in QWEN_PAIR)
+    except Exception:  # an unknown registry state: treat as not prepared
+        return False

@@ -1,0 +1,58 @@
+"""Arguments of `asyncspec bench cloudedge` and `asyncspec bench correction` (kept here so cli.py stays small)."""
+
+from __future__ import annotations
+
+# the method names of asyncspec.cloudedge.methods, repeated so that building the parser imports no torch
+# (`asyncspec link` shares this parser and must start fast)
+METHOD_NAMES = "asymspec,standard,runahead,cosine,no-asym-topk,no-topk,no-pipeline,no-pipeline-runahead"
+
+
+def add_parsers(benches) -> None:
+    bench = benches.add_parser(
+        "cloudedge", help="AsymSpec vs baselines and ablations over emulated weak/medium/strong links"
+    )
+    bench.add_argument("--models", choices=["tiny", "qwen"], help="default: qwen when prepared, else tiny")
+    bench.add_argument("--methods", default="all", help=f"comma-separated, or all: {METHOD_NAMES}")
+    bench.add_argument("--profiles", default="weak,medium,strong")
+    bench.add_argument("--link-scales", help="comma-separated link scales (default: 1 and DEFAULT_LINK_SCALE=40)")
+    bench.add_argument("--workload", choices=["humaneval", "gsm8k"], default="humaneval", help="prompts (qwen)")
+    bench.add_argument("--requests", type=int, help="requests per run (default: tiny 6, qwen 3)")
+    bench.add_argument("--max-new-tokens", type=int, help="per request (default: tiny 24, qwen 16)")
+    bench.add_argument("--clients", type=int, help="closed loop: concurrent clients (default: all requests at once)")
+    bench.add_argument("--rate", type=float, help="open loop: Poisson arrivals per second (instead of --clients)")
+    bench.add_argument("--temperature", type=float, default=0.7, help="0 = greedy (then every output is checked)")
+    bench.add_argument("--eps-req", type=float, default=0.0, help="per-request TV budget (0: every correction exact)")
+    bench.add_argument("--block-size", type=int, default=7, help="candidates per block (gamma)")
+    bench.add_argument("--run-timeout", type=float, help="seconds per run; a run cut short counts what it committed")
+    bench.add_argument("--check-requests", type=int, help="greedy exactness check: requests per method (0: none)")
+    bench.add_argument("--check-tokens", type=int, help="greedy exactness check: tokens per request")
+    bench.add_argument("--dtype", choices=["bf16", "fp32"], help="default: tiny fp32, qwen bf16")
+    bench.add_argument("--seed", type=int, default=0)
+    bench.add_argument("--out", default="out", help="folder for the JSON and PNGs")
+    bench.add_argument("--json", metavar="FILE", help="JSON path (default: OUT/cloudedge.json)")
+
+    correction = benches.add_parser(
+        "correction", help="correction sensitivity: residual TV / recall vs K, task quality"
+    )
+    correction.add_argument("--models", choices=["tiny", "qwen"], help="default: qwen when prepared, else tiny")
+    correction.add_argument("--positions", type=int, default=48, help="rejection positions for the fidelity sweep")
+    correction.add_argument("--ks", default="5,8,16,32,64,128,256,512,1024,2048,4096,8192")
+    correction.add_argument("--temperature", type=float, default=0.7)
+    correction.add_argument("--quality-problems", type=int, default=2, help="per workload (0: skip task quality)")
+    correction.add_argument("--quality-tokens", type=int, default=96, help="max new tokens per quality problem")
+    correction.add_argument("--quality-k", type=int, default=16, help="bounded support K for the quality runs")
+    correction.add_argument("--eps-req", type=float, default=0.05, help="TV budget of the bounded quality runs")
+    correction.add_argument("--dtype", choices=["bf16", "fp32"])
+    correction.add_argument("--seed", type=int, default=0)
+    correction.add_argument("--out", default="out")
+    correction.add_argument("--json", metavar="FILE", help="JSON path (default: OUT/correction.json)")
+
+
+def run(args) -> int:
+    if args.bench == "cloudedge":
+        from asyncspec.benchmarks import cloudedge
+
+        return cloudedge.run(args)
+    from asyncspec.benchmarks import correction_sensitivity
+
+    return correction_sensitivity.run(args)
