@@ -233,11 +233,7 @@ def plot(results: list[dict], out: Path) -> list[Path]:
         ax.set_xticks(np.arange(len(profiles)) + 0.4 - width / 2, profiles)
         ax.set_title(f"output-token throughput, link scale {scale:g}")
         ax.set_ylabel("tokens/s")
-    axes[0][-1].legend(fontsize=7)
-    figure.tight_layout()
-    throughput = out / "cloudedge_throughput.png"
-    figure.savefig(throughput, dpi=110)
-    plt.close(figure)
+    throughput = _save(figure, axes, out / "cloudedge_throughput.png")
 
     figure, axes = plt.subplots(
         len(scales), len(profiles), figsize=(4 * len(profiles), 3.5 * len(scales)), squeeze=False
@@ -252,9 +248,15 @@ def plot(results: list[dict], out: Path) -> list[Path]:
             ax.set_title(f"{profile}, scale {scale:g}")
             ax.set_xlabel("end-to-end latency (s)")
             ax.set_ylabel("CDF")
+    cdf = _save(figure, axes, out / "cloudedge_latency_cdf.png")
+    return [throughput, cdf]
+
+
+def _save(figure, axes, path: Path) -> Path:
+    import matplotlib.pyplot as plt
+
     axes[0][-1].legend(fontsize=7)
     figure.tight_layout()
-    cdf = out / "cloudedge_latency_cdf.png"
-    figure.savefig(cdf, dpi=110)
+    figure.savefig(path, dpi=110)
     plt.close(figure)
-    return [throughput, cdf]
+    return path
