@@ -36,7 +36,7 @@ class Headroom:
         if not self.profile_path or not Path(self.profile_path).exists():
             raise InputError("--oracle needs a cost profile: run `asyncspec profile` or `select-budget`, or --profile")
         self.profile = CostProfile.load(self.profile_path)
-        parse_catalog(args.catalog)
+        self.choices = parse_catalog(args.catalog)
 
     def start(self, target) -> Headroom:
         """Open the other catalog producers' workers for this target."""
@@ -46,8 +46,8 @@ class Headroom:
         args = self.args
         self.own = ProducerChoice(args.producer, args.chunk_s).name
         self.budget = args.as2d_budget or DEFAULT_BUDGET
-        self.catalog = [c.name for c in parse_catalog(args.catalog)]
-        others = [c for c in parse_catalog(args.catalog) if c.name != self.own]
+        self.catalog = [c.name for c in self.choices]
+        others = [c for c in self.choices if c.name != self.own]
         self.workers = self.stack.enter_context(producers(others, args.producer_model, args.dtype, self.target))
         return self
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from asyncspec.decoding.as2d import CONFIDENCE_THRESHOLD
+from asyncspec.decoding.result import DecodeStats, commit_token
 from asyncspec.ondevice.accounting import StageAccounting, account
 from asyncspec.ondevice.align import realign
 from asyncspec.ondevice.buffer import CandidateBuffer, PublishedBatch
@@ -217,11 +218,8 @@ def reprice_serial(trajectory: WindowTrajectory, key: str, profile: CostProfile)
 
 
 def _commit(token: int, committed: list[int], trajectory: WindowTrajectory) -> bool:
-    """commit_token over reference positions: False at EOS or when the limit is reached."""
-    if token == EOS:
-        return False
-    committed.append(token)
-    return len(committed) < trajectory.limit
+    """The decoders' own commit rule over reference positions (EOS stands for the target's end)."""
+    return commit_token(token, committed, frozenset({EOS}), trajectory.limit, DecodeStats())
 
 
 def _accepted(candidates: list[int], trajectory: WindowTrajectory, position: int) -> int:
