@@ -15,7 +15,7 @@ import json
 import os
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from asyncspec.benchmarks import cloudedge_report as report
@@ -145,6 +145,7 @@ def measure(
     results = []
     for method in config.methods:
         with EdgeProcess(edge_args(config, drafter, method), free_port(), scratch) as edge:
+            warm_up(edge, cloud_port, workload, config.run_timeout_s)
             for scale in config.scales:
                 for name in config.profiles:
                     output = run_profile(
@@ -157,6 +158,14 @@ def measure(
                     partial.write_text(json.dumps({"config": asdict(config), "results": results}, default=str))
     order = {(s, p): i for i, (s, p) in enumerate((s, p) for s in config.scales for p in config.profiles)}
     return sorted(results, key=lambda r: order[(r["link_scale"], r["profile"])])
+
+
+def warm_up(edge: EdgeProcess, cloud_port: int, workload: Workload, timeout_s: float) -> None:
+    """One short request through a fresh edge before its measured runs, not reported: a process's first
+    forwards (allocations, kernel set-up) cost seconds, which would otherwise land on whichever profile
+    runs first and bias the weak-vs-strong comparison."""
+    short = replace(workload, prompts=workload.prompts[:1], requests=1, max_new_tokens=min(8, workload.max_new_tokens))
+    run_profile(edge, resolve_profile("strong"), cloud_port, short, timeout_s)
 
 
 def _progress(scale: float, profile: str, method: str, metrics: dict) -> str:
