@@ -255,7 +255,7 @@ def plot(results: list[dict], out: Path) -> list[Path]:
 def _save(figure, axes, path: Path) -> Path:
     import matplotlib.pyplot as plt
 
-    axes[0][-1].legend(fontsize=7)
+    axes[0][-1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # outside: never over a bar
     figure.tight_layout()
     figure.savefig(path, dpi=110)
     plt.close(figure)
