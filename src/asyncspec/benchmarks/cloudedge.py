@@ -145,9 +145,10 @@ def measure(
     results = []
     for method in config.methods:
         with EdgeProcess(edge_args(config, drafter, method), free_port(), scratch) as edge:
-            warm_up(edge, cloud_port, workload, config.run_timeout_s)
             for scale in config.scales:
                 for name in config.profiles:
+                    if edge.cold:  # new, or restarted after a run that timed out
+                        warm_up(edge, cloud_port, workload, config.run_timeout_s)
                     output = run_profile(
                         edge, resolve_profile(name, scale=scale), cloud_port, workload, config.run_timeout_s
                     )
@@ -161,11 +162,12 @@ def measure(
 
 
 def warm_up(edge: EdgeProcess, cloud_port: int, workload: Workload, timeout_s: float) -> None:
-    """One short request through a fresh edge before its measured runs, not reported: a process's first
-    forwards (allocations, kernel set-up) cost seconds, which would otherwise land on whichever profile
-    runs first and bias the weak-vs-strong comparison."""
+    """One short unreported request through a fresh or restarted edge before its next measured run: a
+    process's first forwards (allocations, kernel set-up) cost seconds, which would otherwise land on the
+    run after each start and bias the comparison between profiles."""
     short = replace(workload, prompts=workload.prompts[:1], requests=1, max_new_tokens=min(8, workload.max_new_tokens))
-    run_profile(edge, resolve_profile("strong"), cloud_port, short, timeout_s)
+    if not run_profile(edge, resolve_profile("strong"), cloud_port, short, timeout_s).timed_out:
+        edge.cold = False  # a warm-up that timed out restarted the edge: still cold
 
 
 def _progress(scale: float, profile: str, method: str, metrics: dict) -> str:

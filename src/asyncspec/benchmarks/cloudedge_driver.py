@@ -103,12 +103,14 @@ class EdgeProcess:
         self.edge_args, self.link_port, self.scratch = edge_args, link_port, scratch
         self.process: subprocess.Popen | None = None
         self.bind = ""
+        self.cold = True  # no request served since the process started (the benchmark warms it up)
 
     def start(self) -> EdgeProcess:
         self.bind = f"tcp://127.0.0.1:{free_port()}"
         cloud = f"tcp://127.0.0.1:{self.link_port}"
         args = ["serve", "edge", *self.edge_args, "--cloud", cloud, "--bind", self.bind]
         self.process = spawn_service(args, self.scratch / "edge.log")
+        self.cold = True
         return self
 
     def stop(self) -> None:
