@@ -32,7 +32,7 @@ def word_tokenizer(vocab: int = TINY_VOCAB) -> TextTokenizer:
     return TextTokenizer(backend)
 
 
-def tiny_causal(dtype: torch.dtype = torch.float32, seed: int = 0) -> CausalLMBackend:
+def tiny_causal(dtype: torch.dtype = torch.float32, seed: int = 0, engine: str = "fixed-shape") -> CausalLMBackend:
     torch.manual_seed(seed)
     config = Qwen2Config(
         vocab_size=TINY_VOCAB,
@@ -45,10 +45,12 @@ def tiny_causal(dtype: torch.dtype = torch.float32, seed: int = 0) -> CausalLMBa
         tie_word_embeddings=False,
     )
     model = Qwen2ForCausalLM(config).to(dtype)
-    return CausalLMBackend(model, word_tokenizer(), f"tiny-qwen2-{seed}", frozenset({TINY_VOCAB - 1}))
+    return CausalLMBackend(model, word_tokenizer(), f"tiny-qwen2-{seed}", frozenset({TINY_VOCAB - 1}), engine=engine)
 
 
-def tiny_whisper(dtype: torch.dtype = torch.float32, seed: int = 0, multilingual: bool = False) -> WhisperBackend:
+def tiny_whisper(
+    dtype: torch.dtype = torch.float32, seed: int = 0, multilingual: bool = False, engine: str = "fixed-shape"
+) -> WhisperBackend:
     """Whisper-shaped, 2+2 layers, with the real tiny.en (English-only) or base (multilingual) tokenizer."""
     torch.manual_seed(seed)
     eot = 50257 if multilingual else 50256
@@ -74,7 +76,7 @@ def tiny_whisper(dtype: torch.dtype = torch.float32, seed: int = 0, multilingual
     model = WhisperForConditionalGeneration(config).to(dtype)
     source = "whisper-base" if multilingual else "whisper-tiny.en"
     tokenizer = TextTokenizer.from_file(real_model_dir(source) / "tokenizer.json")
-    return WhisperBackend(model, tokenizer, f"tiny-whisper-{seed}")
+    return WhisperBackend(model, tokenizer, f"tiny-whisper-{seed}", engine=engine)
 
 
 def real_model_dir(name: str):

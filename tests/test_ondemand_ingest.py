@@ -16,7 +16,7 @@ from asyncspec.decoding.result import DecodeConfig
 from asyncspec.errors import InputError
 from asyncspec.ondemand.engine import PreparedTarget
 from asyncspec.ondemand.ingest import Ingestor, LatestWindow, file_blocks, pcm_blocks
-from asyncspec.ondemand.prepared_state import Preparer, clone_state, prepare_window
+from asyncspec.ondemand.prepared_state import Preparer, prepare_window
 from conftest import synthetic_speech, tiny_whisper
 
 
@@ -70,9 +70,9 @@ def test_prepared_state_decodes_exactly_like_a_fresh_prefill():
         from_prepared = METHODS["target"](PreparedTarget(target, prepared, _never()), None, prepared.request)
         assert from_prepared.tokens == fresh.tokens and len(fresh.tokens) > 5
     assert prepared.state.length == len(prepared.request.prompt_ids)
-    copy = clone_state(prepared.state)
-    assert copy.cache.cross_attention_cache is prepared.state.cache.cross_attention_cache
-    assert copy.cache.self_attention_cache is not prepared.state.cache.self_attention_cache
+    copy = target.copy_state(prepared.state)
+    assert copy.cache.cross is prepared.state.cache.cross  # shared, read-only
+    assert all(a is not b for a, b in zip(copy.cache.keys, prepared.state.cache.keys, strict=True))
 
 
 def test_preparer_prepares_the_newest_window_in_the_background():

@@ -203,8 +203,12 @@ def load_pair(models: str, dtype: str | None, scratch: Path):
         from asyncspec.benchmarks.tiny_pair import save_tiny_pair
 
         target_dir, drafter_dir = save_tiny_pair(scratch)
-        return load_decoder(str(target_dir), dtype or "fp32"), load_decoder(str(drafter_dir), dtype or "fp32")
-    return load_decoder("qwen2.5-coder-1.5b", dtype or "bf16"), load_decoder("qwen2.5-coder-0.5b", dtype or "bf16")
+        return load_decoder(str(target_dir), dtype or "fp32"), load_decoder(
+            str(drafter_dir), dtype or "fp32", engine="transformers"
+        )
+    return load_decoder("qwen2.5-coder-1.5b", dtype or "bf16"), load_decoder(
+        "qwen2.5-coder-0.5b", dtype or "bf16", engine="transformers"
+    )
 
 
 def fidelity_prompts(models: str, count: int) -> list[str]:

@@ -24,13 +24,13 @@ from dataclasses import dataclass, field
 
 import torch
 import zmq
-from transformers import DynamicCache
 
 from asyncspec.cloudedge import protocol as wire
 from asyncspec.cloudedge.transport import Channel, TrafficCounters, make_socket
-from asyncspec.models.base import DecodeRequest, DecoderState
+from asyncspec.models.base import DecoderState
 from asyncspec.models.batched import extend_batch
 from asyncspec.models.hf_causal import CausalLMBackend
+from asyncspec.models.selftest import require_invariant
 from asyncspec.verify import greedy_verify, probabilities, speculative_accept
 
 MAX_PROPOSALS = 4096
@@ -108,12 +108,9 @@ def seeded(*parts) -> torch.Generator:
     return torch.Generator().manual_seed(derived_seed(*parts))
 
 
-def empty_state(target: CausalLMBackend) -> DecoderState:
-    return DecoderState(tokens=[], prompt_len=0, cache=DynamicCache(config=target.model.config), next_logits=None)
-
-
 class CloudVerifier:
     def __init__(self, target: CausalLMBackend, config: CloudConfig = CloudConfig()):
+        require_invariant(target, "the cloud verifier")  # every verdict must equal target-only decoding
         self.target = target
         self.config = config
         self.instance = random.getrandbits(31)
@@ -235,7 +232,9 @@ class CloudVerifier:
             self._forget_replies(message.request)
             if self._rewind(existing, message, tokens):
                 return
-        state = self.target.prefill(DecodeRequest(tuple(tokens))) if tokens else empty_state(self.target)
+        state = self.target.empty_state()
+        if tokens:  # the same blocks as target-only decoding of this prompt (+ output so far)
+            self.target.prefill_tokens(state, tokens, message.prompt_len)
         self.requests[message.request] = CloudRequest(
             message.prompt_len, message.sampling, message.first_k, message.epoch, state
         )

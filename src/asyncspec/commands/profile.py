@@ -75,7 +75,7 @@ def measure_profile(args, out: Path, target: WhisperBackend | None = None) -> tu
         as2d_runs = native_runs("as2d", target, producer, request, REPEATS)
     finally:
         producer.close()
-    drafter = load_decoder(args.drafter, args.dtype)
+    drafter = load_decoder(args.drafter, args.dtype, engine="transformers")
     sd_runs = native_runs("sd", target, drafter, request, 2)
     profile = build_profile(target, args.dtype, timings, as2d_runs, target_runs[1:], sd_runs, choice.chunk_s)
     return profile, Calibration(target, request, reference, load)

@@ -71,11 +71,11 @@ class StopFlag:
         return self.event.is_set()
 
 
-def _load(name: str, dtype: str):
+def _load(name: str, dtype: str, engine: str = "fixed-shape"):
     from asyncspec.models.hf_causal import CausalLMBackend
     from asyncspec.models.registry import load_decoder
 
-    model = load_decoder(name, dtype)
+    model = load_decoder(name, dtype, engine)
     if not isinstance(model, CausalLMBackend):
         raise InputError(f"{name} is not a causal language model; the AsymSpec services serve text models")
     return model
@@ -167,7 +167,7 @@ def run_edge(args) -> int:
     from asyncspec.cloudedge.edge import EdgeGateway
 
     policy = _policy(args)
-    drafter = _load(args.model, args.dtype)
+    drafter = _load(args.model, args.dtype, engine="transformers")  # drafts need not be exact
     gateway = EdgeGateway(drafter, args.cloud, policy)
     stop = StopFlag()
     try:

@@ -39,7 +39,7 @@ def load_models(args, kind: type, what: str) -> Iterator[tuple[Decoder, dict[str
         raise InputError(f"{args.model} is not a {what} model")
     drafters: dict[str, Any] = {}
     if needs_drafter(args.methods):
-        drafter = load_decoder(args.drafter, args.dtype)
+        drafter = load_decoder(args.drafter, args.dtype, engine="transformers")
         drafters.update(sd=drafter, specasr=drafter)
     producer = start_producer(args, target) if "as2d" in args.methods else None
     drafters["as2d"] = producer

@@ -17,6 +17,7 @@ from asyncspec.decoding.result import DecodeConfig, DecodeResult, DecodeStats, c
 from asyncspec.decoding.speculative import verify_candidates
 from asyncspec.errors import InputError
 from asyncspec.models.base import Decoder, DecodeRequest
+from asyncspec.models.selftest import require_invariant
 from asyncspec.ondevice.accounting import account
 from asyncspec.ondevice.align import realign
 from asyncspec.ondevice.buffer import CandidateBuffer
@@ -41,6 +42,7 @@ def decode_as2d(
         raise InputError("as2d needs a producer (a target-decoupled drafter process)")
     if config.temperature > 0:
         raise InputError("as2d is a greedy method (temperature 0)")
+    require_invariant(target, METHOD)
     trace, stats, committed = Trace(), DecodeStats(), []
     with trace.stage("prefill"):
         state = target.prefill(request)

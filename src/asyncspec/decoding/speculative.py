@@ -15,6 +15,7 @@ import torch
 from asyncspec.decoding.drafter import DrafterCounters, Proposal
 from asyncspec.decoding.result import DecodeConfig, DecodeResult, DecodeStats, commit_token, output_limit
 from asyncspec.models.base import Decoder, DecodeRequest, DecoderState
+from asyncspec.models.selftest import require_invariant
 from asyncspec.sampling import make_generator, next_token
 from asyncspec.trace import Trace
 from asyncspec.verify import Verdict, greedy_verify, probabilities, speculative_accept
@@ -33,6 +34,7 @@ class CandidateSource(Protocol):
 def speculative_decode(
     method: str, target: Decoder, source: CandidateSource, request: DecodeRequest, config: DecodeConfig, budget: int
 ) -> DecodeResult:
+    require_invariant(target, method)
     trace, stats, committed = Trace(), DecodeStats(), []
     generator = make_generator(config.seed)
     with trace.stage("prefill"):

@@ -17,7 +17,6 @@ from transformers import DynamicCache
 
 from asyncspec.models.base import DecoderState
 from asyncspec.models.hf_causal import CausalLMBackend
-from asyncspec.models.logits import project_logits
 
 
 def _layers(state: DecoderState) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -67,8 +66,10 @@ def extend_batch(
     """Like `backend.extend(state_i, tokens_i)` for every i, in one forward pass."""
     if len(states) != len(token_lists) or not states:
         raise ValueError("extend_batch needs one non-empty token list per state")
-    if len(states) == 1:
-        return [backend.extend(states[0], token_lists[0])]
+    if len(states) == 1 or backend.engine is not None:
+        # Fixed-shape engine: one call per request, so that a request's rows never depend on which
+        # requests share the batch (a batched call of another shape would change them).
+        return [backend.extend(state, tokens) for state, tokens in zip(states, token_lists, strict=True)]
     lengths = [s.length for s in states]
     widths = [len(t) for t in token_lists]
     if min(widths) == 0:
@@ -95,7 +96,7 @@ def extend_batch(
     weight = backend._output_weight()
     results = []
     for row, (state, tokens) in enumerate(zip(states, token_lists, strict=True)):
-        logits = project_logits(hidden[row, : len(tokens)], weight)
+        logits = torch.nn.functional.linear(hidden[row, : len(tokens)], weight).float()
         _split_back(backend.model.config, cache, state, row, longest - lengths[row], longest + len(tokens))
         state.tokens.extend(int(t) for t in tokens)
         state.next_logits = logits[-1]

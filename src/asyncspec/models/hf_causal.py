@@ -1,4 +1,5 @@
-"""transformers causal LM backend (Qwen2.5-Coder and any AutoModelForCausalLM)."""
+"""Causal LM backend on transformers weights (Qwen2.5-Coder; any AutoModelForCausalLM on the
+transformers engine, Llama-layout models on the fixed-shape engine)."""
 
 from __future__ import annotations
 
@@ -9,14 +10,25 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
 from asyncspec.errors import InputError
 from asyncspec.models.base import DecodeRequest, DecoderState
-from asyncspec.models.kv_backend import KVBackend
+from asyncspec.models.fixed_shape import CallShape
+from asyncspec.models.forward_causal import CausalBlockForward
+from asyncspec.models.kv_backend import DEFAULT_WIDTH, FIXED_SHAPE, KVBackend
 from asyncspec.models.tokenizer import TextTokenizer
 
 DEFAULT_MAX_LENGTH = 4096
+PREFILL_WIDTH = 64  # rows of every prompt block: a long prompt is not prefilled 8 rows at a time
 
 
 class CausalLMBackend(KVBackend):
-    def __init__(self, model, tokenizer: TextTokenizer, name: str, eos_ids: frozenset[int]):
+    def __init__(
+        self,
+        model,
+        tokenizer: TextTokenizer,
+        name: str,
+        eos_ids: frozenset[int],
+        engine: str = FIXED_SHAPE,
+        shape: CallShape | None = None,
+    ):
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.name = name
@@ -24,13 +36,14 @@ class CausalLMBackend(KVBackend):
         self.dtype = next(model.parameters()).dtype
         self.vocab_size = model.get_output_embeddings().weight.shape[0]
         self.max_length = min(getattr(model.config, "max_position_embeddings", DEFAULT_MAX_LENGTH), DEFAULT_MAX_LENGTH)
+        self._init_engine(engine, shape)
 
     @classmethod
-    def load(cls, source: str | Path, name: str, dtype: torch.dtype) -> CausalLMBackend:
+    def load(cls, source: str | Path, name: str, dtype: torch.dtype, engine: str = FIXED_SHAPE) -> CausalLMBackend:
         model = AutoModelForCausalLM.from_pretrained(str(source), dtype=dtype)
         hf_tokenizer = AutoTokenizer.from_pretrained(str(source))
         eos = _eos_ids(model, hf_tokenizer)
-        return cls(model, TextTokenizer(hf_tokenizer.backend_tokenizer), name, eos)
+        return cls(model, TextTokenizer(hf_tokenizer.backend_tokenizer), name, eos, engine=engine)
 
     def request(self, prompt: str, max_new_tokens: int = 256) -> DecodeRequest:
         ids = self.tokenizer.encode(prompt)
@@ -39,10 +52,25 @@ class CausalLMBackend(KVBackend):
         return DecodeRequest(prompt_ids=tuple(ids), max_new_tokens=max_new_tokens)
 
     def prefill(self, request: DecodeRequest) -> DecoderState:
-        cache = DynamicCache(config=self.model.config)
-        state = DecoderState(tokens=[], prompt_len=len(request.prompt_ids), cache=cache, next_logits=None)
-        self.extend(state, request.prompt_ids)
+        state = self._new_state(len(request.prompt_ids))
+        self.prefill_tokens(state, request.prompt_ids, len(request.prompt_ids))
         return state
+
+    def empty_state(self) -> DecoderState:
+        """A state holding nothing yet (the cloud verifier fills it with `prefill_tokens`)."""
+        return self._new_state(0)
+
+    def probe_context(self) -> None:
+        return None  # a causal LM is conditioned on its tokens only
+
+    def _default_shape(self) -> CallShape:
+        return CallShape(width=DEFAULT_WIDTH, prefill_width=PREFILL_WIDTH, capacity=self.max_length)
+
+    def _block_forward(self) -> CausalBlockForward:
+        return CausalBlockForward(self.model)
+
+    def _dynamic_cache(self) -> DynamicCache:
+        return DynamicCache(config=self.model.config)
 
     def _hidden(self, state: DecoderState, ids: torch.Tensor) -> torch.Tensor:
         return self.model.model(input_ids=ids, cache=state.cache, use_cache=True).last_hidden_state

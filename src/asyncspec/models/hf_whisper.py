@@ -1,5 +1,6 @@
-"""transformers Whisper backend: the encoder runs once per request in `prefill`; the decoder's
-cross-attention keys/values are computed on the first decoder call and reused after that."""
+"""Whisper backend on transformers weights: the encoder runs once per request in `prefill`; the
+decoder runs on the fixed-shape engine (cross-attention K/V computed once per request), or on
+transformers' own forward for a drafter (`engine="transformers"`)."""
 
 from __future__ import annotations
 
@@ -19,14 +20,23 @@ from transformers import (
 from asyncspec.audio import SAMPLE_RATE
 from asyncspec.errors import InputError
 from asyncspec.models.base import DecodeRequest, DecoderState
-from asyncspec.models.kv_backend import KVBackend
+from asyncspec.models.fixed_shape import CallShape
+from asyncspec.models.forward_whisper import WhisperBlockForward
+from asyncspec.models.kv_backend import DEFAULT_WIDTH, FIXED_SHAPE, KVBackend
 from asyncspec.models.tokenizer import TextTokenizer
 
 MULTILINGUAL_VOCAB = 51865
 
 
 class WhisperBackend(KVBackend):
-    def __init__(self, model: WhisperForConditionalGeneration, tokenizer: TextTokenizer, name: str):
+    def __init__(
+        self,
+        model: WhisperForConditionalGeneration,
+        tokenizer: TextTokenizer,
+        name: str,
+        engine: str = FIXED_SHAPE,
+        shape: CallShape | None = None,
+    ):
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.name = name
@@ -47,16 +57,17 @@ class WhisperBackend(KVBackend):
         begin = _token_list(model, "begin_suppress_tokens")
         self._suppress = _mask(self.vocab_size, suppress)
         self._suppress_begin = _mask(self.vocab_size, suppress + begin)
+        self._init_engine(engine, shape)
 
     @classmethod
-    def load(cls, source: str | Path, name: str, dtype: torch.dtype) -> WhisperBackend:
+    def load(cls, source: str | Path, name: str, dtype: torch.dtype, engine: str = FIXED_SHAPE) -> WhisperBackend:
         model = WhisperForConditionalGeneration.from_pretrained(str(source), dtype=dtype)
         tokenizer_file = Path(source) / "tokenizer.json"
         if tokenizer_file.exists():
             tokenizer = TextTokenizer.from_file(tokenizer_file)
         else:
             tokenizer = TextTokenizer(AutoTokenizer.from_pretrained(str(source)).backend_tokenizer)
-        return cls(model, tokenizer, name)
+        return cls(model, tokenizer, name, engine=engine)
 
     def prompt_ids(self, language: str = "en") -> tuple[int, ...]:
         """Start of transcript, [language, transcribe,] no timestamps."""
@@ -85,12 +96,26 @@ class WhisperBackend(KVBackend):
             if request.audio is None:
                 raise ValueError("a Whisper request needs audio")
             encoded = self.encode_audio(request.audio)
-        cache = EncoderDecoderCache(DynamicCache(config=self._cache_config), DynamicCache(config=self._cache_config))
-        state = DecoderState(
-            tokens=[], prompt_len=len(request.prompt_ids), cache=cache, next_logits=None, extras={"encoded": encoded}
-        )
-        self.extend(state, request.prompt_ids)
+        state = self._new_state(len(request.prompt_ids), encoded)
+        state.extras["encoded"] = encoded
+        self.prefill_tokens(state, request.prompt_ids, len(request.prompt_ids))
         return state
+
+    def probe_context(self) -> torch.Tensor:
+        """A fixed pseudo-random encoder output [1, T, D] for the self-test (models/selftest.py)."""
+        config = self.model.config
+        generator = torch.Generator().manual_seed(99)
+        return torch.randn(1, config.max_source_positions, config.d_model, generator=generator).to(self.dtype)
+
+    def _default_shape(self) -> CallShape:
+        # the prompt is 2-4 tokens: it fits one decoding block
+        return CallShape(width=DEFAULT_WIDTH, prefill_width=DEFAULT_WIDTH, capacity=self.max_length)
+
+    def _block_forward(self) -> WhisperBlockForward:
+        return WhisperBlockForward(self.model)
+
+    def _dynamic_cache(self) -> EncoderDecoderCache:
+        return EncoderDecoderCache(DynamicCache(config=self._cache_config), DynamicCache(config=self._cache_config))
 
     def _hidden(self, state: DecoderState, ids: torch.Tensor) -> torch.Tensor:
         decoder = self.model.model.decoder

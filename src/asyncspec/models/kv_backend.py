@@ -1,4 +1,12 @@
-"""What the transformers backends share: KV bookkeeping, rollback, the greedy rule."""
+"""What the model backends share: KV bookkeeping, rollback, the greedy rule, and the choice of
+engine that runs the decoder.
+
+Two engines run the same weights:
+- `fixed-shape` (the default, and the only one a target may use): every call has one shape, so
+  a row's logits never depend on the call that computed them (models/fixed_shape.py);
+- `transformers`: the model's own forward with a growing DynamicCache. Its rows depend on the
+  call's width; cheap one-token steps make it the drafters' engine.
+"""
 
 from __future__ import annotations
 
@@ -7,12 +15,18 @@ from collections.abc import Sequence
 import torch
 
 from asyncspec.models.base import DecoderState
-from asyncspec.models.logits import greedy_tokens, project_logits
+from asyncspec.models.fixed_shape import CallShape, FixedShapeEngine, StaticKV
 from asyncspec.models.tokenizer import TextTokenizer
+
+FIXED_SHAPE = "fixed-shape"
+TRANSFORMERS = "transformers"
+ENGINES = (FIXED_SHAPE, TRANSFORMERS)
+DEFAULT_WIDTH = 8  # rows of every target call: root + up to 7 candidates
 
 
 class KVBackend:
-    """Subclasses provide `_hidden(state, ids)`, `_output_weight()` and `_suppressed(state, n)`."""
+    """Subclasses provide `_block_forward()`, `_default_shape()`, and for the transformers engine
+    `_dynamic_cache()`, `_hidden(state, ids)`; plus `_output_weight()` and `_suppressed(state, n)`."""
 
     name: str
     tokenizer: TextTokenizer
@@ -20,9 +34,49 @@ class KVBackend:
     vocab_size: int
     max_length: int
     dtype: torch.dtype
+    engine: FixedShapeEngine | None = None  # None: the transformers engine
+    invariance = None  # selftest.InvarianceReport once checked (models/selftest.py)
+
+    def _init_engine(self, engine: str, shape: CallShape | None) -> None:
+        if engine not in ENGINES:
+            raise ValueError(f"unknown engine {engine!r}; choose one of {', '.join(ENGINES)}")
+        if engine == FIXED_SHAPE:
+            shape = shape or self._default_shape()
+            self.max_length = min(self.max_length, shape.capacity)
+            self.engine = FixedShapeEngine(self._block_forward(), self._output_weight(), shape)
+
+    @property
+    def engine_name(self) -> str:
+        return TRANSFORMERS if self.engine is None else FIXED_SHAPE
+
+    @property
+    def call_width(self) -> int | None:
+        """Rows of every call under the fixed-shape engine; None when calls take any width."""
+        return None if self.engine is None else self.engine.shape.width
+
+    def _new_state(self, prompt_len: int, context: torch.Tensor | None = None) -> DecoderState:
+        cache = self._dynamic_cache() if self.engine is None else self.engine.new_cache(context)
+        return DecoderState(tokens=[], prompt_len=prompt_len, cache=cache, next_logits=None)
 
     @torch.inference_mode()
     def extend(self, state: DecoderState, tokens: Sequence[int]) -> torch.Tensor:
+        return self._append(state, tokens, prefill=False)
+
+    @torch.inference_mode()
+    def prefill_tokens(self, state: DecoderState, tokens: Sequence[int], prompt_len: int) -> torch.Tensor:
+        """Fill an empty state with a prompt (and any output after it), in the blocks every run of
+        the request uses: the prompt but its last token in prefill blocks, the rest as decoding
+        calls. The last prompt token is a decoding call because the cloud verifier receives it as
+        the root of the request's first block."""
+        if state.length:
+            raise ValueError("prefill_tokens needs an empty state")
+        head = list(tokens[: max(prompt_len - 1, 0)])
+        tail = list(tokens[len(head) :])
+        state.prompt_len = prompt_len
+        logits = self._append(state, head, prefill=True) if head else None
+        return self._append(state, tail, prefill=False) if tail else logits
+
+    def _append(self, state: DecoderState, tokens: Sequence[int], prefill: bool) -> torch.Tensor:
         tokens = [int(t) for t in tokens]
         if not tokens:
             raise ValueError("extend needs at least one token")
@@ -33,8 +87,14 @@ class KVBackend:
         bad = [t for t in tokens if not 0 <= t < self.vocab_size]
         if bad:
             raise ValueError(f"{self.name}: token ids {bad[:5]} are outside the vocabulary")
-        hidden = self._hidden(state, torch.tensor([tokens]))[0]  # [N, D]
-        logits = project_logits(hidden, self._output_weight(), None, self._suppressed(state, len(tokens)))
+        if self.engine is not None:
+            raw = self.engine.run(state.cache, state.length, tokens, prefill)
+        else:
+            raw = torch.nn.functional.linear(self._hidden(state, torch.tensor([tokens]))[0], self._output_weight())
+        logits = raw.float()
+        suppressed = self._suppressed(state, len(tokens))
+        if suppressed is not None:
+            logits.masked_fill_(suppressed, float("-inf"))
         state.tokens.extend(tokens)
         state.next_logits = logits[-1]
         return logits
@@ -44,19 +104,27 @@ class KVBackend:
             raise ValueError(f"rollback to {length} outside 1..{state.length}")
         removed = state.length - length
         if removed:
-            self._crop(state, removed)
-            del state.tokens[length:]
+            if self.engine is None:
+                self._self_attention_cache(state).crop(-removed)
+            del state.tokens[length:]  # fixed-shape: the slots past the length are rewritten before use
             state.next_logits = None
 
+    def copy_state(self, state: DecoderState) -> DecoderState:
+        """An independent copy of a request's state (cross-attention K/V shared, read-only)."""
+        if not isinstance(state.cache, StaticKV):
+            raise TypeError("copy_state needs the fixed-shape engine")
+        logits = None if state.next_logits is None else state.next_logits.clone()
+        return DecoderState(list(state.tokens), state.prompt_len, state.cache.copy(), logits, dict(state.extras))
+
     def greedy(self, logits: torch.Tensor) -> list[int]:
-        return greedy_tokens(logits)
+        """argmax per row of float32 logits [..., V]; the first index wins an exact tie."""
+        return logits.argmax(dim=-1).reshape(-1).tolist()
 
     def cache_length(self, state: DecoderState) -> int:
-        """Positions actually held in the KV cache (tests check it equals state.length)."""
+        """Positions the KV cache holds for the request (tests check it equals state.length)."""
+        if self.engine is not None:
+            return state.length
         return self._self_attention_cache(state).get_seq_length()
-
-    def _crop(self, state: DecoderState, removed: int) -> None:
-        self._self_attention_cache(state).crop(-removed)
 
     def _self_attention_cache(self, state: DecoderState):
         return state.cache

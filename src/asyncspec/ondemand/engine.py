@@ -24,7 +24,7 @@ from asyncspec.decoding.result import DecodeConfig, DecodeResult
 from asyncspec.errors import InputError
 from asyncspec.models.hf_whisper import WhisperBackend
 from asyncspec.ondemand.ingest import Ingestor, LatestWindow
-from asyncspec.ondemand.prepared_state import PreparedWindow, Preparer, clone_state, prepare_window
+from asyncspec.ondemand.prepared_state import PreparedWindow, Preparer, prepare_window
 
 RESIDUAL_WAIT_S = 60.0  # longest a request waits for the background preparation of its window
 
@@ -89,7 +89,7 @@ class PreparedTarget:
 
     def prefill(self, request, encoded=None):
         if request is self._prepared.request:
-            return clone_state(self._prepared.state)
+            return self._target.copy_state(self._prepared.state)  # its own KV; cross-attention K/V shared
         return self._target.prefill(request, encoded)
 
     def extend(self, state, tokens):

@@ -9,14 +9,12 @@ Only the newest prepared window is kept: memory does not grow with the stream.
 
 from __future__ import annotations
 
-import copy
 import threading
 import time
 from dataclasses import dataclass
 
 import numpy as np
 import torch
-from transformers import EncoderDecoderCache
 
 from asyncspec.models.base import DecodeRequest, DecoderState
 from asyncspec.models.hf_whisper import WhisperBackend
@@ -32,16 +30,14 @@ class PreparedWindow:
     version: int  # blocks received when this window was taken
     end_s: float  # stream time of its last sample
     request: DecodeRequest  # the reference input: prompt + this exact audio
-    state: DecoderState  # after the prompt; never decoded from directly (see clone_state)
+    state: DecoderState  # after the prompt; never decoded from directly (the target.copy_state of it is)
     prepare_s: float  # encoder + prompt prefill time
     ready_at: float  # perf_counter time preparation finished
 
     @property
     def nbytes(self) -> int:
         encoded = self.state.extras["encoded"]
-        cross = self.state.cache.cross_attention_cache
-        kv = sum(t.numel() * t.element_size() for layer in cross.layers for t in (layer.keys, layer.values))
-        return encoded.numel() * encoded.element_size() + kv + self.request.audio.nbytes
+        return encoded.numel() * encoded.element_size() + self.state.cache.nbytes() + self.request.audio.nbytes
 
 
 def prepare_window(
@@ -52,13 +48,6 @@ def prepare_window(
     state = target.prefill(request)  # encoder + the prompt's decoder pass (fills cross-attention KV)
     finished = time.perf_counter()
     return PreparedWindow(version, end_s, request, state, finished - began, finished)
-
-
-def clone_state(state: DecoderState) -> DecoderState:
-    """A request's own copy: its self-attention KV is copied, the cross-attention KV shared (read-only)."""
-    cache = EncoderDecoderCache(copy.deepcopy(state.cache.self_attention_cache), state.cache.cross_attention_cache)
-    logits = None if state.next_logits is None else state.next_logits.clone()
-    return DecoderState(list(state.tokens), state.prompt_len, cache, logits, dict(state.extras))
 
 
 class Preparer:

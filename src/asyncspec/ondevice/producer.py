@@ -117,7 +117,7 @@ class AutoregressiveWhisperSource:
 
         torch.set_num_threads(spec.threads)
         self.spec = spec
-        self.drafter = load_decoder(spec.drafter, spec.dtype)
+        self.drafter = load_decoder(spec.drafter, spec.dtype, engine="transformers")  # drafts need not be exact
         self.target = TextTokenizer(tokenizers.Tokenizer.from_str(spec.target_tokenizer_json))
 
     def run(self, request_id: int, audio: np.ndarray, publish: Callable, should_stop: Callable[[], bool]) -> None:

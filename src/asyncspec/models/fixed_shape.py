@@ -1,0 +1,156 @@
+"""The target engine with one call shape: what makes speculative output equal target-only output.
+
+A row's logits must not depend on the call that computed it. Kernels choose their blocking and
+reduction order from the shapes they are given (matmul tiles, vectorised row reductions, the
+attention's length), so a token computed in a one-token call and the same token computed as the
+5th row of a verification call can differ in the last bits, and a near-tie then flips. Here every
+call has one shape, whatever it carries:
+
+- a static KV cache of a fixed number of slots per request (`capacity` + `width`), written in place;
+- every call runs exactly `width` rows (a shorter call is padded, a longer one split into blocks);
+  the prompt runs in blocks of `prefill_width` rows, the same blocks in every run of a request;
+- attention of the row at position p runs over exactly the slots 0..p, one row at a time, so its
+  shapes depend on p alone (and its cost on the real context, not on the cache's size);
+- the output projection runs over all rows of the block.
+
+Rollback only moves the length pointer: a slot past it is rewritten before any row can see it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import torch
+
+ATTENTION_DTYPE = torch.float32  # scores, softmax and weighted sum; the cache is kept in it too
+
+
+@dataclass
+class StaticKV:
+    """Per-request keys/values: one [H_kv, slots, D_h] tensor per layer and kind, in ATTENTION_DTYPE.
+    `cross` holds an encoder-decoder model's cross-attention keys/values (read-only, shareable)."""
+
+    keys: list[torch.Tensor]
+    values: list[torch.Tensor]
+    cross: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)
+
+    @classmethod
+    def empty(cls, layers: int, kv_heads: int, slots: int, head_dim: int) -> StaticKV:
+        shape = (kv_heads, slots, head_dim)
+        return cls(
+            [torch.zeros(shape, dtype=ATTENTION_DTYPE) for _ in range(layers)],
+            [torch.zeros(shape, dtype=ATTENTION_DTYPE) for _ in range(layers)],
+        )
+
+    @property
+    def slots(self) -> int:
+        return self.keys[0].shape[1]
+
+    def copy(self) -> StaticKV:
+        """An independent self-attention cache; the cross-attention tensors are shared."""
+        return StaticKV([k.clone() for k in self.keys], [v.clone() for v in self.values], self.cross)
+
+    def nbytes(self) -> int:
+        tensors = [*self.keys, *self.values, *(t for pair in self.cross for t in pair)]
+        return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def write_slots(cache: torch.Tensor, start: int, rows: torch.Tensor) -> None:
+    """cache [H_kv, slots, D_h] <- rows [H_kv, W, D_h] at slots start..start+W-1."""
+    cache[:, start : start + rows.shape[1]] = rows.to(ATTENTION_DTYPE)
+
+
+def attend_causal(
+    queries: torch.Tensor,  # [H, W, D_h] in the model's dtype, rows at positions start..start+W-1
+    keys: torch.Tensor,  # [H_kv, slots, D_h] ATTENTION_DTYPE, already holding this block's rows
+    values: torch.Tensor,  # [H_kv, slots, D_h] ATTENTION_DTYPE
+    start: int,
+    real_rows: int,  # rows past this are padding: their output is zeros
+    scale: float,
+) -> torch.Tensor:  # [W, H * D_h] in ATTENTION_DTYPE
+    """Causal self-attention, one row at a time over exactly its own prefix: the row at position p
+    runs products of shape [group, D_h] x [D_h, p + 1], a function of p alone, whichever call it is
+    in. So its cost follows the real context, not the cache's size, and its result is the same in
+    every call. Grouped-query heads share their K/V without a copy."""
+    heads, width, head_dim = queries.shape
+    kv_heads = keys.shape[0]
+    out = torch.zeros(width, heads * head_dim, dtype=ATTENTION_DTYPE)
+    for row in range(real_rows):
+        visible = start + row + 1
+        # a fresh contiguous copy: the query's memory layout never depends on its row index
+        q = queries[:, row].to(ATTENTION_DTYPE, copy=True).view(kv_heads, heads // kv_heads, head_dim)
+        scores = torch.matmul(q, keys[:, :visible].transpose(1, 2))  # [H_kv, group, p + 1]
+        weights = torch.softmax(scores * scale if scale != 1.0 else scores, dim=-1)
+        out[row] = torch.matmul(weights, values[:, :visible]).reshape(-1)  # [H_kv, group, D_h]
+    return out
+
+
+def attend_all(
+    queries: torch.Tensor,  # [H, W, D_h] in the model's dtype
+    keys: torch.Tensor,  # [H_kv, T, D_h] ATTENTION_DTYPE
+    values: torch.Tensor,  # [H_kv, T, D_h] ATTENTION_DTYPE
+    scale: float,
+) -> torch.Tensor:  # [W, H * D_h] in ATTENTION_DTYPE
+    """Unmasked attention over a fixed-length memory (cross-attention over the encoder output):
+    every call has the same [W, T] shape."""
+    heads, width, head_dim = queries.shape
+    kv_heads = keys.shape[0]
+    q = queries.to(ATTENTION_DTYPE).reshape(kv_heads, (heads // kv_heads) * width, head_dim)
+    scores = torch.matmul(q, keys.transpose(1, 2))
+    weights = torch.softmax(scores * scale if scale != 1.0 else scores, dim=-1)
+    out = torch.matmul(weights, values)  # [H_kv, group * W, D_h]
+    return out.reshape(heads, width, head_dim).transpose(0, 1).reshape(width, heads * head_dim)
+
+
+class BlockForward(Protocol):
+    """A model family's decoder written over StaticKV: one block of rows at consecutive positions."""
+
+    hidden_size: int
+
+    def new_cache(self, slots: int, context: torch.Tensor | None) -> StaticKV: ...
+
+    def __call__(self, cache: StaticKV, ids: torch.Tensor, start: int, real_rows: int) -> torch.Tensor:
+        """ids long [W] at positions start..start+W-1, the first `real_rows` real, the rest padding
+        -> final hidden states [W, D]; writes the block's keys/values into slots start..start+W-1."""
+        ...
+
+
+@dataclass(frozen=True)
+class CallShape:
+    width: int  # rows of every decoding call (the verification width)
+    prefill_width: int  # rows of every prompt block
+    capacity: int  # positions a request may hold (prompt + output)
+
+    @property
+    def slots(self) -> int:
+        # room for the padding rows of a block that starts at the last position
+        return self.capacity + max(self.width, self.prefill_width)
+
+
+class FixedShapeEngine:
+    """Runs a BlockForward so that every call has one shape (see the module docstring)."""
+
+    name = "fixed-shape"
+
+    def __init__(self, forward: BlockForward, output_weight: torch.Tensor, shape: CallShape, pad_id: int = 0):
+        self.forward = forward
+        self.output_weight = output_weight  # [V, D]
+        self.shape = shape
+        self.pad_id = pad_id
+
+    def new_cache(self, context: torch.Tensor | None = None) -> StaticKV:
+        return self.forward.new_cache(self.shape.slots, context)
+
+    def run(self, cache: StaticKV, start: int, tokens: Sequence[int], prefill: bool = False) -> torch.Tensor:
+        """Logits [len(tokens), V] (the model's dtype) for tokens at positions start, start+1, ..."""
+        width = self.shape.prefill_width if prefill else self.shape.width
+        rows = []
+        for offset in range(0, len(tokens), width):
+            chunk = list(tokens[offset : offset + width])
+            ids = torch.tensor(chunk + [self.pad_id] * (width - len(chunk)))
+            hidden = self.forward(cache, ids, start + offset, len(chunk))  # [width, D]
+            logits = torch.nn.functional.linear(hidden, self.output_weight)  # all rows: one shape
+            rows.append(logits[: len(chunk)])
+        return torch.cat(rows) if len(rows) > 1 else rows[0]

@@ -1,0 +1,60 @@
+"""A Llama-layout causal LM (Qwen2, Llama) written over a static KV cache (models/fixed_shape.py),
+reusing the loaded transformers modules' weights: RMSNorm, rotary q/k, grouped-query attention,
+gated MLP."""
+
+from __future__ import annotations
+
+import torch
+from transformers.models.qwen2.modeling_qwen2 import apply_rotary_pos_emb
+
+from asyncspec.models.fixed_shape import StaticKV, attend_causal, write_slots
+
+SUPPORTED_TYPES = frozenset({"qwen2", "llama"})
+
+
+class CausalBlockForward:
+    def __init__(self, model):
+        config = model.config
+        if config.model_type not in SUPPORTED_TYPES:
+            raise ValueError(f"the fixed-shape engine supports {sorted(SUPPORTED_TYPES)}, not {config.model_type!r}")
+        if getattr(config, "use_sliding_window", False):
+            raise ValueError("the fixed-shape engine does not implement sliding-window attention")
+        self.model = model.model
+        self.heads = config.num_attention_heads
+        self.kv_heads = config.num_key_value_heads
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
+        self.hidden_size = config.hidden_size
+        self.scale = self.head_dim**-0.5
+        self._rotary: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def new_cache(self, slots: int, context: torch.Tensor | None) -> StaticKV:
+        return StaticKV.empty(len(self.model.layers), self.kv_heads, slots, self.head_dim)
+
+    def _rotary_table(self, slots: int, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin [slots, D_h] for every position, computed once (per-position values only)."""
+        if self._rotary is None or self._rotary[0].shape[0] < slots:
+            cos, sin = self.model.rotary_emb(like, torch.arange(slots).unsqueeze(0))
+            self._rotary = (cos[0], sin[0])
+        return self._rotary
+
+    @torch.inference_mode()
+    def __call__(self, cache: StaticKV, ids: torch.Tensor, start: int, real_rows: int) -> torch.Tensor:
+        width = ids.shape[0]
+        x = self.model.embed_tokens(ids)
+        cos, sin = self._rotary_table(cache.slots, x)
+        rotary = (cos[start : start + width].unsqueeze(0), sin[start : start + width].unsqueeze(0))
+        for index, layer in enumerate(self.model.layers):
+            x = x + self._attention(layer.self_attn, layer.input_layernorm(x), cache, index, start, rotary, real_rows)
+            x = x + layer.mlp(layer.post_attention_layernorm(x))
+        return self.model.norm(x)
+
+    def _attention(self, attention, h, cache: StaticKV, index: int, start: int, rotary, real_rows) -> torch.Tensor:
+        width = h.shape[0]
+        queries = attention.q_proj(h).view(1, width, self.heads, self.head_dim).transpose(1, 2)
+        keys = attention.k_proj(h).view(1, width, self.kv_heads, self.head_dim).transpose(1, 2)
+        values = attention.v_proj(h).view(width, self.kv_heads, self.head_dim).transpose(0, 1)
+        queries, keys = apply_rotary_pos_emb(queries, keys, *rotary)
+        write_slots(cache.keys[index], start, keys[0])
+        write_slots(cache.values[index], start, values)
+        out = attend_causal(queries[0], cache.keys[index], cache.values[index], start, real_rows, self.scale)
+        return attention.o_proj(out.to(h.dtype))

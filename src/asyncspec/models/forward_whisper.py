@@ -1,0 +1,65 @@
+"""Whisper's decoder written over a static KV cache (models/fixed_shape.py), reusing the loaded
+transformers modules' weights. Pre-LN layers: self-attention, cross-attention over the encoder
+output, MLP; queries are scaled before the product, as in the reference implementation."""
+
+from __future__ import annotations
+
+import torch
+from transformers import WhisperForConditionalGeneration
+
+from asyncspec.models.fixed_shape import ATTENTION_DTYPE, StaticKV, attend_all, attend_causal, write_slots
+
+
+class WhisperBlockForward:
+    def __init__(self, model: WhisperForConditionalGeneration):
+        self.decoder = model.model.decoder
+        config = model.config
+        self.heads = config.decoder_attention_heads
+        self.head_dim = config.d_model // self.heads
+        self.hidden_size = config.d_model
+        self.dtype = next(self.decoder.parameters()).dtype  # the encoder may run in another dtype
+        self.last_position = config.max_target_positions - 1
+
+    @torch.inference_mode()
+    def new_cache(self, slots: int, context: torch.Tensor | None) -> StaticKV:
+        """context: the encoder output [1, T, D] in the model's dtype; cross K/V computed once."""
+        if context is None:
+            raise ValueError("a Whisper decoder cache needs the encoder output")
+        cache = StaticKV.empty(len(self.decoder.layers), self.heads, slots, self.head_dim)
+        encoded = context[0].to(self.dtype)
+        for layer in self.decoder.layers:
+            attention = layer.encoder_attn
+            keys = self._heads(attention.k_proj(encoded)).to(ATTENTION_DTYPE)
+            values = self._heads(attention.v_proj(encoded)).to(ATTENTION_DTYPE)
+            cache.cross.append((keys, values))
+        return cache
+
+    def _heads(self, x: torch.Tensor) -> torch.Tensor:
+        """[N, H * D_h] -> [H, N, D_h]"""
+        return x.view(x.shape[0], self.heads, self.head_dim).transpose(0, 1)
+
+    @torch.inference_mode()
+    def __call__(self, cache: StaticKV, ids: torch.Tensor, start: int, real_rows: int) -> torch.Tensor:
+        width = ids.shape[0]
+        positions = torch.arange(start, start + width).clamp(max=self.last_position)  # padding rows may overrun
+        x = self.decoder.embed_tokens(ids) * self.decoder.embed_scale
+        x = x + self.decoder.embed_positions.weight[positions].to(x.dtype)
+        for index, layer in enumerate(self.decoder.layers):
+            x = x + self._self_attention(layer, layer.self_attn_layer_norm(x), cache, index, start, real_rows)
+            x = x + self._cross_attention(layer, layer.encoder_attn_layer_norm(x), cache.cross[index])
+            x = x + layer.fc2(layer.activation_fn(layer.fc1(layer.final_layer_norm(x))))
+        return self.decoder.layer_norm(x)
+
+    def _self_attention(self, layer, h, cache: StaticKV, index: int, start: int, real_rows: int) -> torch.Tensor:
+        attention = layer.self_attn
+        queries = self._heads(attention.q_proj(h) * attention.scaling)
+        write_slots(cache.keys[index], start, self._heads(attention.k_proj(h)))
+        write_slots(cache.values[index], start, self._heads(attention.v_proj(h)))
+        out = attend_causal(queries, cache.keys[index], cache.values[index], start, real_rows, scale=1.0)
+        return attention.out_proj(out.to(h.dtype))
+
+    def _cross_attention(self, layer, h, cross: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        attention = layer.encoder_attn
+        queries = self._heads(attention.q_proj(h) * attention.scaling)
+        out = attend_all(queries, cross[0], cross[1], scale=1.0)
+        return attention.out_proj(out.to(h.dtype))

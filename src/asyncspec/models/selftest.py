@@ -1,0 +1,222 @@
+"""The invariance self-test: on this CPU, dtype and thread count, are a row's logits and KV bitwise
+independent of the call that computed them?
+
+Speculative output equals target-only output only if they are (models/fixed_shape.py). Kernels
+differ between machines (AMX, avx512_bf16, neither) and between instruction-set caps, so this is
+checked where the target runs, never assumed: a few calls decode one token sequence one token
+at a time, in blocks of the full width, in uneven blocks, and across a rollback, and compare every
+row's logits and every position's keys/values bit for bit. The verdict is cached per machine
+(CPU model and flags, ISA caps, torch version, threads, model, dtype, call shape).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from asyncspec.errors import InputError
+from asyncspec.models.base import DecoderState
+from asyncspec.models.fixed_shape import StaticKV
+
+ISA_VARIABLES = ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS", "ATEN_CPU_CAPABILITY")
+EXTRA_TOKENS = 3  # the probe sequence is one full block plus this many tokens
+PROMPT_LEN = 4
+
+
+@dataclass(frozen=True)
+class InvarianceReport:
+    passed: bool
+    rows_checked: int
+    rows_differing: int
+    kv_positions_differing: int
+    first_difference: str  # "" when passed
+    engine: str
+    dtype: str
+    threads: int
+    width: int | None
+    seconds: float
+    cached: bool = False
+
+    def summary(self) -> str:
+        verdict = "passed" if self.passed else f"FAILED ({self.first_difference})"
+        return (
+            f"invariance self-test {verdict}: {self.engine} engine, {self.dtype}, width {self.width}, "
+            f"{self.threads} thread(s), {self.rows_checked} rows compared bitwise"
+        )
+
+
+def probe_tokens(backend, n: int) -> list[int]:
+    """A fixed pseudo-random token sequence inside the vocabulary."""
+    generator = torch.Generator().manual_seed(1234)
+    return torch.randint(0, backend.vocab_size, (n,), generator=generator).tolist()
+
+
+def _fresh_state(backend, prompt: list[int], context) -> DecoderState:
+    state = backend._new_state(len(prompt), context)
+    if context is not None:
+        state.extras["encoded"] = context
+    backend.prefill_tokens(state, prompt, len(prompt))
+    return state
+
+
+def _decode_in_blocks(backend, prompt, context, tokens, sizes, detour: int = 0) -> tuple[torch.Tensor, DecoderState]:
+    """Logits [len(tokens), V] computed in calls of the given sizes; with a detour, `detour` wrong
+    tokens are extended and rolled back first (their KV must leave no trace)."""
+    state = _fresh_state(backend, prompt, context)
+    if detour:
+        backend.extend(state, [(t + 1) % backend.vocab_size for t in tokens[:detour]])
+        backend.rollback(state, len(prompt))
+    rows, done = [], 0
+    for size in sizes:
+        rows.append(backend.extend(state, tokens[done : done + size]))
+        done += size
+    return torch.cat(rows), state
+
+
+def _kv_rows(state: DecoderState) -> list[torch.Tensor]:
+    """Every layer's keys and values of the positions the state holds."""
+    cache, length = state.cache, state.length
+    if isinstance(cache, StaticKV):
+        return [t[:, :length] for t in (*cache.keys, *cache.values)]
+    layers = getattr(cache, "self_attention_cache", cache).layers
+    return [t[0, :, :length] for layer in layers for t in (layer.keys, layer.values)]
+
+
+def partitions(width: int, n: int) -> list[list[int]]:
+    """Call sizes that put every token at several row indices of a call."""
+    uneven, total, size = [], 0, 1
+    while total < n:
+        step = min(size, n - total, width)
+        uneven.append(step)
+        total, size = total + step, size + 1
+    return [[width, n - width], uneven]
+
+
+@torch.inference_mode()
+def check_invariance(backend) -> InvarianceReport:
+    started = time.perf_counter()
+    width = backend.call_width or 8
+    n = width + EXTRA_TOKENS
+    prompt = probe_prompt(backend)
+    context = backend.probe_context()
+    tokens = probe_tokens(backend, n)
+    reference, reference_state = _decode_in_blocks(backend, prompt, context, tokens, [1] * n)
+    reference_kv = _kv_rows(reference_state)
+    rows_differing, kv_differing, first = 0, 0, ""
+    for index, sizes in enumerate(partitions(width, n)):
+        logits, state = _decode_in_blocks(backend, prompt, context, tokens, sizes, detour=width if index else 0)
+        differing = [i for i in range(n) if not torch.equal(logits[i], reference[i])]
+        kv = [i for i, (a, b) in enumerate(zip(_kv_rows(state), reference_kv, strict=True)) if not torch.equal(a, b)]
+        rows_differing += len(differing)
+        kv_differing += len(kv)
+        if (differing or kv) and not first:
+            first = _describe(sizes, differing, reference, logits)
+    return InvarianceReport(
+        passed=rows_differing == 0 and kv_differing == 0,
+        rows_checked=n * len(partitions(width, n)),
+        rows_differing=rows_differing,
+        kv_positions_differing=kv_differing,
+        first_difference=first,
+        engine=backend.engine_name,
+        dtype=str(backend.dtype).removeprefix("torch."),
+        threads=torch.get_num_threads(),
+        width=backend.call_width,
+        seconds=round(time.perf_counter() - started, 3),
+    )
+
+
+def _describe(sizes, differing, reference, logits) -> str:
+    if not differing:
+        return f"calls of {sizes}: logits equal but keys/values differ"
+    row = differing[0]
+    delta = (logits[row] - reference[row]).abs().nan_to_num(0.0).max().item()
+    return f"calls of {sizes}: row {row} differs from one-token calls by up to {delta:.3g}"
+
+
+def probe_prompt(backend) -> list[int]:
+    prompt_ids = getattr(backend, "prompt_ids", None)
+    if callable(prompt_ids):
+        return list(prompt_ids())
+    return probe_tokens(backend, PROMPT_LEN + 1)[1:]
+
+
+# ------------------------------------------------------------------ the verdict, cached per machine
+
+
+def machine_key(backend) -> dict:
+    return {
+        "cpu": _cpu_identity(),
+        "isa_caps": {name: os.environ.get(name, "") for name in ISA_VARIABLES},
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "model": backend.name,
+        "weights": _weights_fingerprint(backend),
+        "dtype": str(backend.dtype),
+        "engine": backend.engine_name,
+        "shape": None if backend.engine is None else asdict(backend.engine.shape),
+    }
+
+
+def _cpu_identity() -> str:
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return platform.processor()
+    wanted = ("model name", "flags")
+    return "|".join(sorted({line for line in lines if line.split(":")[0].strip() in wanted}))
+
+
+def _weights_fingerprint(backend) -> str:
+    weight = backend._output_weight()
+    return hashlib.sha256(weight[:8].detach().float().numpy().tobytes()).hexdigest()[:16]
+
+
+def _cache_file(key: dict) -> Path:
+    from asyncspec.models.offline import cache_root
+
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:24]
+    return cache_root() / "selftest" / f"{digest}.json"
+
+
+def invariance(backend, use_cache: bool = True) -> InvarianceReport:
+    """The backend's verdict: from this process, from the per-machine cache, or measured now."""
+    if backend.invariance is not None:
+        return backend.invariance
+    path = _cache_file(machine_key(backend)) if use_cache else None
+    report = _read_cached(path)
+    if report is None:
+        report = check_invariance(backend)
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(asdict(report)))
+    backend.invariance = report
+    return report
+
+
+def _read_cached(path: Path | None) -> InvarianceReport | None:
+    if path is None or not path.is_file():
+        return None
+    try:
+        fields = json.loads(path.read_text())
+        return InvarianceReport(**{**fields, "cached": True})
+    except (ValueError, TypeError):
+        return None  # a damaged cache entry is measured again
+
+
+def require_invariant(target, method: str) -> None:
+    """Refuse a speculative method on a target whose rows depend on the call's shape: its output
+    could differ from target-only output, and that is never done silently."""
+    report = invariance(target)
+    if not report.passed:
+        raise InputError(
+            f"{method} refused: {report.summary()}. On this machine the target's rows depend on the "
+            "call that computes them, so speculative output could differ from target-only output. "
+            "Use --method target, or another --dtype or --threads whose self-test passes."
+        )
