@@ -1,0 +1,152 @@
+"""The fixed-shape engine: a row's logits and KV are bitwise independent of the call that computed
+them (random partitions of a sequence into calls, rollbacks between them), the invariance self-test
+passes on it, and fails on a deliberately shape-dependent engine, whose speculative use is refused."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from asyncspec.cloudedge.cloud import CloudVerifier
+from asyncspec.decoding.methods import METHODS
+from asyncspec.decoding.result import DecodeConfig
+from asyncspec.errors import InputError
+from asyncspec.models.base import DecodeRequest
+from asyncspec.models.selftest import _kv_rows, check_invariance, invariance, partitions, probe_tokens
+from conftest import requires_qwen_05b, synthetic_speech, tiny_causal, tiny_whisper
+
+
+def random_partition(rng: random.Random, n: int, widest: int) -> list[int]:
+    sizes = []
+    while sum(sizes) < n:
+        sizes.append(min(rng.randint(1, widest), n - sum(sizes)))
+    return sizes
+
+
+def assert_partitions_bitwise_equal(decoder, request, tokens, trials: int, seed: int = 0):
+    """One-token calls vs random partitions (with a rolled-back detour): logits and KV bitwise."""
+    rng = random.Random(seed)
+    reference_state = decoder.prefill(request)
+    reference = torch.cat([decoder.extend(reference_state, [t]) for t in tokens])
+    for _ in range(trials):
+        state = decoder.prefill(request)
+        detour = rng.randint(1, 12)
+        decoder.extend(state, [(t + 3) % decoder.vocab_size for t in tokens[:detour]])
+        decoder.rollback(state, len(request.prompt_ids))
+        rows, done = [], 0
+        for size in random_partition(rng, len(tokens), widest=2 * decoder.call_width + 1):
+            rows.append(decoder.extend(state, tokens[done : done + size]))
+            done += size
+        logits = torch.cat(rows)
+        differing = [i for i in range(len(tokens)) if not torch.equal(logits[i], reference[i])]
+        assert not differing, f"rows {differing[:5]} depend on the call that computed them"
+        for mine, theirs in zip(_kv_rows(state), _kv_rows(reference_state), strict=True):
+            assert torch.equal(mine, theirs)
+
+
+class ShapeDependentForward:
+    """A deliberately broken engine: it perturbs hidden states by the call's number of real rows,
+    as a kernel whose blocking follows the call's shape would (here on every CPU, by construction)."""
+
+    def __init__(self, forward):
+        self.inner = forward
+        self.hidden_size = forward.hidden_size
+
+    def new_cache(self, slots, context):
+        return self.inner.new_cache(slots, context)
+
+    def __call__(self, cache, ids, start, real_rows):
+        return self.inner(cache, ids, start, real_rows) + 1e-2 * real_rows
+
+
+def shape_dependent(decoder):
+    decoder.engine.forward = ShapeDependentForward(decoder.engine.forward)
+    decoder.name += "-shape-dependent"
+    return decoder
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_tiny_models_are_call_invariant_under_random_partitions(dtype):
+    causal = tiny_causal(dtype, seed=4)
+    generator = torch.Generator().manual_seed(4)
+    prompt = torch.randint(0, 90, (70,), generator=generator).tolist()  # two prefill blocks
+    tokens = torch.randint(0, 90, (40,), generator=generator).tolist()
+    assert_partitions_bitwise_equal(causal, DecodeRequest(tuple(prompt)), tokens, trials=4)
+    whisper = tiny_whisper(dtype, seed=4)
+    request = whisper.request(synthetic_speech(2.0, seed=4))
+    assert_partitions_bitwise_equal(whisper, request, [1000 + 13 * i for i in range(30)], trials=4)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_self_test_passes_on_the_fixed_shape_engine(dtype):
+    for decoder in (tiny_causal(dtype, seed=5), tiny_whisper(dtype, seed=5)):
+        report = invariance(decoder, use_cache=False)
+        assert report.passed, report.summary()
+        assert report.rows_checked == 2 * (decoder.call_width + 3) and report.rows_differing == 0
+
+
+def test_self_test_fails_on_a_shape_dependent_engine_and_speculation_is_refused():
+    target = shape_dependent(tiny_causal(torch.float32, seed=6))
+    report = check_invariance(target)
+    assert not report.passed and report.rows_differing > 0
+    assert "differs from one-token calls" in report.first_difference
+    target.invariance = report
+    drafter = tiny_causal(torch.float32, seed=6, engine="transformers")
+    request = DecodeRequest((1, 2, 3), max_new_tokens=8)
+    assert len(METHODS["target"](target, None, request, DecodeConfig()).tokens) == 8  # the reference still runs
+    for method in ("sd", "specasr"):
+        with pytest.raises(InputError, match=f"{method} refused: invariance self-test FAILED"):
+            METHODS[method](target, drafter, request, DecodeConfig())
+    with pytest.raises(InputError, match="the cloud verifier refused"):
+        CloudVerifier(target)
+
+
+def test_as2d_is_refused_on_a_shape_dependent_whisper_engine():
+    target = shape_dependent(tiny_whisper(torch.float32, seed=7))
+    target.invariance = check_invariance(target)
+    assert not target.invariance.passed
+
+    class IdleProducer:
+        def start(self, audio):
+            raise AssertionError("the producer must not start for a refused target")
+
+    with pytest.raises(InputError, match="as2d refused"):
+        METHODS["as2d"](target, IdleProducer(), target.request(synthetic_speech(1.0)), DecodeConfig())
+
+
+def test_self_test_uses_every_row_index_of_a_call():
+    width = 8
+    full, uneven = partitions(width, width + 3)
+    assert full == [width, 3] and sum(uneven) == width + 3 and max(uneven) <= width
+    assert len(set(probe_tokens(tiny_causal(), 20))) > 10
+
+
+@pytest.mark.real
+@pytest.mark.parametrize("dtype", ["bf16", "fp32"])
+def test_real_whisper_base_rows_are_call_invariant(dtype):
+    from asyncspec.audio import load_audio
+    from asyncspec.datasets import librivox_clips
+    from asyncspec.models.registry import load_decoder
+
+    decoder = load_decoder("whisper-base", dtype)
+    assert invariance(decoder, use_cache=False).passed
+    request = decoder.request(load_audio(librivox_clips()[1].path))
+    tokens = decoder.tokenizer.encode(" He had then leisure to consider what he might do for his sisters, and")
+    assert_partitions_bitwise_equal(decoder, request, tokens, trials=3, seed=1)
+
+
+@pytest.mark.qwen
+@requires_qwen_05b
+@pytest.mark.parametrize("dtype", ["bf16", "fp32"])
+def test_real_qwen_05b_rows_are_call_invariant(dtype):
+    from asyncspec.models.offline import prepare
+    from asyncspec.models.registry import load_decoder
+
+    prepare("qwen2.5-coder-0.5b")
+    decoder = load_decoder("qwen2.5-coder-0.5b", dtype)
+    assert invariance(decoder, use_cache=False).passed
+    request = decoder.request("def is_prime(n: int) -> bool:\n    ")
+    tokens = decoder.tokenizer.encode('"""Return True if n is prime."""\n    if n < 2:\n        return False\n')
+    assert_partitions_bitwise_equal(decoder, request, tokens, trials=2, seed=2)
