@@ -4,6 +4,7 @@ still over real ZeroMQ sockets on loopback) or as real `asyncspec serve` process
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -21,10 +22,25 @@ from asyncspec.cloudedge.policy import EdgePolicy
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 
 
-def free_address() -> str:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        return f"tcp://127.0.0.1:{s.getsockname()[1]}"
+        return s.getsockname()[1]
+
+
+def free_address() -> str:
+    return f"tcp://127.0.0.1:{free_port()}"
+
+
+def stop_process(process: subprocess.Popen) -> tuple[int, str]:
+    """SIGTERM, then (returncode, stderr); killed if it does not stop within 30 s."""
+    process.send_signal(signal.SIGTERM)
+    try:
+        _, stderr = process.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        raise
+    return process.returncode, stderr
 
 
 class ServiceThread:

@@ -5,7 +5,6 @@ mid-run."""
 from __future__ import annotations
 
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -23,10 +22,12 @@ from cloudedge_support import (
     Collector,
     ServiceThread,
     free_address,
+    free_port,
     model_pair,
     run_requests,
     save_tiny,
     spawn,
+    stop_process,
     wait_ready,
 )
 
@@ -38,22 +39,6 @@ def pair_dirs(tmp_path_factory):
     target, drafter = model_pair(noise=0.05, family="qwen3")
     root = tmp_path_factory.mktemp("tiny")
     return target, drafter, save_tiny(target, root / "target"), save_tiny(drafter, root / "drafter")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _stop(process: subprocess.Popen) -> tuple[int, str]:
-    process.send_signal(signal.SIGTERM)
-    try:
-        _, stderr = process.communicate(timeout=30)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        raise
-    return process.returncode, stderr
 
 
 def _reference(model_dir, text: str, max_new_tokens: int) -> str:
@@ -69,7 +54,7 @@ def test_serve_cloud_edge_client_and_openai_api(pair_dirs):
     from openai import OpenAI
 
     _, _, target_dir, drafter_dir = pair_dirs
-    cloud_address, edge_address, port = free_address(), free_address(), _free_port()
+    cloud_address, edge_address, port = free_address(), free_address(), free_port()
     cloud = spawn("serve", "cloud", "--model", str(target_dir), "--bind", cloud_address, "--dtype", "fp32")
     edge = spawn(
         "serve", "edge", "--model", str(drafter_dir), "--cloud", cloud_address, "--bind", edge_address,
@@ -110,8 +95,8 @@ def test_serve_cloud_edge_client_and_openai_api(pair_dirs):
         sampled = api.completions.create(model="tiny", prompt=PROMPT, max_tokens=8, temperature=1.0, seed=3)
         assert sampled.usage.completion_tokens >= 1
     finally:
-        edge_rc, edge_log = _stop(edge)
-        cloud_rc, cloud_log = _stop(cloud)
+        edge_rc, edge_log = stop_process(edge)
+        cloud_rc, cloud_log = stop_process(cloud)
     assert edge_rc == 0 and "counters" in edge_log, edge_log
     assert cloud_rc == 0 and "counters" in cloud_log, cloud_log
     assert '"batches"' in cloud_log

@@ -146,7 +146,9 @@ def _response(kind: str, meta: dict, text: str, final: dict, prompt_tokens: int)
     else:
         choice = {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": _finish_reason(final)}
         obj = "chat.completion"
-    return {**meta, "object": obj, "choices": [choice], "usage": usage, "asyncspec": final["stats"]}
+    # the token ids too: a client can check them against target-only decoding (`asyncspec generate`)
+    extension = {**final["stats"], "token_ids": list(final["tokens"])}
+    return {**meta, "object": obj, "choices": [choice], "usage": usage, "asyncspec": extension}
 
 
 async def _sse(stream: AsyncIterator[dict], tokenizer, meta: dict, kind: str) -> AsyncIterator[str]:

@@ -1,6 +1,6 @@
-"""A Llama-layout causal LM (Qwen2, Llama) written over a static KV cache (models/fixed_shape.py),
-reusing the loaded transformers modules' weights: RMSNorm, rotary q/k, grouped-query attention,
-gated MLP."""
+"""A Llama-layout causal LM (Qwen2, Qwen3, Llama) written over a static KV cache
+(models/fixed_shape.py), reusing the loaded transformers modules' weights: RMSNorm, rotary q/k
+(Qwen3 normalises each head's q and k first), grouped-query attention, gated MLP."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from transformers.models.qwen2.modeling_qwen2 import apply_rotary_pos_emb
 
 from asyncspec.models.fixed_shape import StaticKV, attend_causal, write_slots
 
-SUPPORTED_TYPES = frozenset({"qwen2", "llama"})
+SUPPORTED_TYPES = frozenset({"qwen2", "qwen3", "llama"})
 
 
 class CausalBlockForward:
@@ -52,6 +52,8 @@ class CausalBlockForward:
         width = h.shape[0]
         queries = attention.q_proj(h).view(1, width, self.heads, self.head_dim).transpose(1, 2)
         keys = attention.k_proj(h).view(1, width, self.kv_heads, self.head_dim).transpose(1, 2)
+        if hasattr(attention, "q_norm"):  # Qwen3: RMSNorm over each head's dimensions (row-wise)
+            queries, keys = attention.q_norm(queries), attention.k_norm(keys)
         values = attention.v_proj(h).view(width, self.kv_heads, self.head_dim).transpose(0, 1)
         queries, keys = apply_rotary_pos_emb(queries, keys, *rotary)
         write_slots(cache.keys[index], start, keys[0])
