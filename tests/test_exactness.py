@@ -165,3 +165,15 @@ def test_bench_methods_exits_1_on_a_mismatch(tiny_models, wrong_sd, speech_file,
     report = json.loads((tmp_path / "methods_librivox.json").read_text())
     assert report["exactness"]["mismatches"][0]["method"] == "sd"
     assert report["summary"]["sd"]["excluded"] == 1 and report["summary"]["sd"]["tokens"] == 0
+
+
+def test_bench_ondevice_exits_1_on_a_mismatch(tiny_models, wrong_sd, speech_file, tmp_path, capsys):
+    argv = ["bench", "ondevice", "--audio", str(speech_file.parent), "--method", "sd", "--out", str(tmp_path)]
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    for budget in (5, 6, 7, 8):  # every budget's run is checked
+        assert f"MISMATCH: sd (budget {budget}) differs from target-only on speech window speech.wav#0" in err
+    report = json.loads((tmp_path / "bench_ondevice.json").read_text())
+    sd = report["methods"]["sd"]
+    assert sd["mismatched_windows"] == 1 and sd["equal_windows"] == 0 and sd["pooled_tps"] == 0
+    assert len(report["exactness"]["mismatches"]) == 4
