@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import soundfile
 import torch
@@ -177,3 +178,16 @@ def test_bench_ondevice_exits_1_on_a_mismatch(tiny_models, wrong_sd, speech_file
     sd = report["methods"]["sd"]
     assert sd["mismatched_windows"] == 1 and sd["equal_windows"] == 0 and sd["pooled_tps"] == 0
     assert len(report["exactness"]["mismatches"]) == 4
+
+
+def test_bench_ondemand_exits_1_on_a_mismatch(tiny_models, wrong_sd, tmp_path, capsys):
+    recording = tmp_path / "long.wav"
+    soundfile.write(recording, np.concatenate([synthetic_speech(2.0, seed=s) for s in range(3)]), 16_000)
+    argv = ["bench", "ondemand", "--audio", str(recording), "--method", "sd", "--out", str(tmp_path)]
+    argv += ["--every", "2", "--until", "4", "--window-s", "2", "--block-s", "1"]
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert "MISMATCH: sd differs from target-only on the request at 2.00 s" in err
+    assert "MISMATCH: sd differs from target-only on the request at 4.00 s" in err
+    report = json.loads((tmp_path / "bench_ondemand.json").read_text())
+    assert report["methods"]["sd"]["mismatched_requests"] == 2 and report["methods"]["sd"]["tokens"] == 0
