@@ -191,3 +191,51 @@ def test_bench_ondemand_exits_1_on_a_mismatch(tiny_models, wrong_sd, tmp_path, c
     assert "MISMATCH: sd differs from target-only on the request at 4.00 s" in err
     report = json.loads((tmp_path / "bench_ondemand.json").read_text())
     assert report["methods"]["sd"]["mismatched_requests"] == 2 and report["methods"]["sd"]["tokens"] == 0
+
+
+@pytest.fixture
+def wrong_as2d_without_producers(monkeypatch):
+    """As²d replaced by target-only with one token flipped, and no producer processes to start: the
+    commands' collection, checking and reporting run as they are."""
+    from contextlib import contextmanager
+
+    @contextmanager
+    def no_workers(choices, producer_model, dtype, target):
+        yield {choice.name: None for choice in choices}
+
+    monkeypatch.setattr("asyncspec.profiling.collect.producers", no_workers)
+    monkeypatch.setitem(METHODS, "as2d", flip_one_token(decode_target_only))
+
+
+@pytest.fixture
+def flat_profile(tmp_path):
+    """A made-up cost profile: only the plumbing of the commands needs it."""
+    from asyncspec.profiling.costs import IDLE, CostProfile
+
+    path = tmp_path / "profile.json"
+    CostProfile(
+        "whisper-base", "bf16", {IDLE: {0: {k: [0.03 + 0.002 * k] for k in range(1, 26)}}}, 0.0002, 0.002, 0.0003, 2e-5
+    ).save(path)
+    return path
+
+
+def test_replay_validate_exits_1_on_a_mismatch(
+    tiny_models, wrong_as2d_without_producers, flat_profile, speech_file, tmp_path, capsys
+):
+    argv = ["replay", "--validate", "--audio", str(speech_file.parent), "--profile", str(flat_profile)]
+    assert main([*argv, "--out", str(tmp_path / "out")]) == 1
+    err = capsys.readouterr().err
+    line = "MISMATCH: as2d (ct2-chunk@4s) differs from target-only on speech speech.wav#0 at output token 2"
+    assert line in err and f"as2d (ct2-chunk@4s) {WRONG_TOKEN} " in err
+    report = json.loads((tmp_path / "out" / "replay_validate.json").read_text())
+    assert report["windows"] == 0 and report["exactness"]["mismatches"][0]["position"] == FLIP_AT
+
+
+def test_select_budget_deploys_nothing_on_a_mismatch(
+    tiny_models, wrong_as2d_without_producers, flat_profile, speech_file, tmp_path, capsys
+):
+    config = tmp_path / "as2d.json"
+    argv = ["select-budget", "--audio", str(speech_file.parent), "--profile", str(flat_profile), "--max-budget", "3"]
+    assert main([*argv, "--producers", "ct2-chunk@4s", "--config", str(config), "--out", str(tmp_path)]) == 1
+    assert "MISMATCH: as2d (ct2-chunk@4s) differs from target-only" in capsys.readouterr().err
+    assert not config.exists()
