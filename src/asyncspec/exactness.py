@@ -115,8 +115,8 @@ class ExactnessCheck:
     target: Decoder | None = None
     checked: int = 0
     unchecked: list[str] = field(default_factory=list)  # runs that should have been checked but could not be
-    _pending: list[_Pending] = field(default_factory=list)
-    _diagnosed: list[Mismatch] | None = None
+    _pending: list[_Pending] = field(default_factory=list, init=False, repr=False)
+    _diagnosed: list[Mismatch] | None = field(default=None, init=False, repr=False)
 
     def check(
         self, where: str, method: str, request: DecodeRequest, expected: Sequence[int], got: Sequence[int]
