@@ -180,12 +180,23 @@ def test_bench_ondevice_exits_1_on_a_mismatch(tiny_models, wrong_sd, speech_file
     assert len(report["exactness"]["mismatches"]) == 4
 
 
-def test_bench_ondemand_exits_1_on_a_mismatch(tiny_models, wrong_sd, tmp_path, capsys):
+def ondemand_argv(tmp_path) -> list[str]:
+    """Two requests (at 2 s and 4 s) over a 6 s recording."""
     recording = tmp_path / "long.wav"
     soundfile.write(recording, np.concatenate([synthetic_speech(2.0, seed=s) for s in range(3)]), 16_000)
     argv = ["bench", "ondemand", "--audio", str(recording), "--method", "sd", "--out", str(tmp_path)]
-    argv += ["--every", "2", "--until", "4", "--window-s", "2", "--block-s", "1"]
-    assert main(argv) == 1
+    return argv + ["--every", "2", "--until", "4", "--window-s", "2", "--block-s", "1"]
+
+
+def test_bench_ondemand_passes_when_equal(tiny_models, tmp_path, capsys):
+    assert main(ondemand_argv(tmp_path)) == 0
+    assert "all 2 outputs equal to target-only" in capsys.readouterr().err
+    report = json.loads((tmp_path / "bench_ondemand.json").read_text())
+    assert report["methods"]["sd"]["mismatched_requests"] == 0 and report["methods"]["sd"]["tokens"] > 0
+
+
+def test_bench_ondemand_exits_1_on_a_mismatch(tiny_models, wrong_sd, tmp_path, capsys):
+    assert main(ondemand_argv(tmp_path)) == 1
     err = capsys.readouterr().err
     assert "MISMATCH: sd differs from target-only on the request at 2.00 s" in err
     assert "MISMATCH: sd differs from target-only on the request at 4.00 s" in err
