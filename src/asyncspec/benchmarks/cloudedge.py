@@ -5,8 +5,12 @@ invocation so the ratios share machine conditions.
 Per (link scale, profile, method): a fresh `LinkProcess` in front of the one cloud process and a fresh
 edge process with the method's preset; the workload is driven through the edge's client socket. Bytes
 per committed token are the wire bytes the link process carried (ZeroMQ framing and pings included);
-the services' own message-byte counters are reported next to them. A greedy exactness check compares
-every method's output with target-only decoding of the same prompts.
+the services' own message-byte counters are reported next to them.
+
+Exactness: every (method, scale, profile) run is checked against target-only decoding of the same
+prompts on full-length outputs: greedy runs directly, sampled runs by greedy check requests sent
+through the same edge and link profile right after the measured run. A mismatch, or a run that could
+not be checked in full (timed out), fails the command; a mismatched run is left out of every figure.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from asyncspec.benchmarks.cloudedge_driver import (
 from asyncspec.cloudedge.link_profiles import DEFAULT_LINK_SCALE, resolve_profile
 from asyncspec.cloudedge.methods import COSINE_NOTE
 from asyncspec.errors import InputError
+from asyncspec.exactness import ExactnessCheck
 
 QWEN_PAIR = ("qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b")
 BYTES_SOURCE = "LinkProcess wire bytes per direction (ZeroMQ framing and pings included) / committed tokens"
@@ -97,18 +102,22 @@ def run(args) -> int:
         cloud = spawn_service([*cloud_args, "--bind", f"tcp://127.0.0.1:{cloud_port}"], Path(scratch) / "cloud.log")
         try:
             results = measure(config, cloud_port, drafter, prompts, Path(scratch), out / "cloudedge.partial.json")
-            exactness = check_exactness(config, cloud_port, target, drafter, prompts, results, Path(scratch))
         finally:
             stop_service(cloud)
-    summary = report.comparisons(results)
-    tables = report.table_ii(results)
-    print(report.format_results(results))
+        exactness = check_exactness(config, target, prompts, results)
+    kept = [r for r in results if r["exact"] is not False]  # a mismatched run is never part of a figure
+    summary = report.comparisons(kept)
+    tables = report.table_ii(kept)
+    print(report.format_results(kept))
     print()
     print(report.format_comparisons(summary))
     print()
     print(report.format_table_ii(tables))
     print()
-    print(format_exactness(exactness))
+    for result in results:
+        if result["exact"] is False:
+            print(f"left out of every figure (output differs from target-only): {run_name(result)}")
+    exit_code = exactness.report()
     load = os.getloadavg()
     machine = f"{os.cpu_count()} cores, load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} at the end"
     print(f"machine: {machine}; models {target} <- {drafter} ({config.dtype}); {time.time() - started:.0f} s")
@@ -124,14 +133,14 @@ def run(args) -> int:
         "results": results,
         "comparisons": summary,
         "table_ii": tables,
-        "exactness": exactness,
-        "plots": [str(p) for p in report.plot(results, out)],
+        "exactness": exactness.as_json() | check_size(config),
+        "plots": [str(p) for p in report.plot(kept, out)],
     }
     json_path = Path(args.json) if args.json else out / "cloudedge.json"
     json_path.parent.mkdir(parents=True, exist_ok=True)
     json_path.write_text(json.dumps(document, indent=1, default=str))
     print(f"wrote {json_path} and {', '.join(document['plots'])}")
-    return 0 if exactness["all_equal"] is not False else 1
+    return exit_code
 
 
 def measure(
@@ -149,11 +158,12 @@ def measure(
                 for name in config.profiles:
                     if edge.cold:  # new, or restarted after a run that timed out
                         warm_up(edge, cloud_port, workload, config.run_timeout_s)
-                    output = run_profile(
-                        edge, resolve_profile(name, scale=scale), cloud_port, workload, config.run_timeout_s
-                    )
+                    profile = resolve_profile(name, scale=scale)
+                    output = run_profile(edge, profile, cloud_port, workload, config.run_timeout_s)
                     metrics = report.run_metrics(output)
-                    metrics["outputs"] = [r.tokens for r in output.records]
+                    metrics["outputs"] = outputs_of(output)
+                    if config.temperature > 0:  # sampled outputs are checked through greedy requests
+                        metrics["check_outputs"] = greedy_check(edge, profile, cloud_port, config, prompts)
                     results.append({"profile": name, "link_scale": scale, "method": method, **metrics})
                     print(_progress(scale, name, method, metrics), flush=True)
                     partial.write_text(json.dumps({"config": asdict(config), "results": results}, default=str))
@@ -178,55 +188,64 @@ def _progress(scale: float, profile: str, method: str, metrics: dict) -> str:
     )
 
 
-def target_only_outputs(target: str, dtype: str, prompts: list[str], max_new_tokens: int) -> list[list[int]]:
+def outputs_of(output) -> list[dict]:
+    """Each request's prompt and tokens, and whether it finished (a cut output cannot be checked)."""
+    return [
+        {"prompt": r.prompt, "tokens": r.tokens, "complete": r.done is not None and r.error is None}
+        for r in output.records
+    ]
+
+
+def greedy_check(edge: EdgeProcess, profile, cloud_port: int, config: BenchConfig, prompts: list[str]) -> list[dict]:
+    """The greedy check requests through the same edge and link profile as the run they vouch for."""
+    count = config.check_requests
+    workload = Workload(prompts[:count], count, config.check_tokens, 0.0, 0.0, config.seed)
+    return outputs_of(run_profile(edge, profile, cloud_port, workload, 20 * config.run_timeout_s))
+
+
+def check_size(config: BenchConfig) -> dict:
+    """(requests, tokens) each run's exactness is checked on: the runs themselves when greedy."""
+    if config.temperature <= 0:
+        return {"requests": config.requests, "max_new_tokens": config.max_new_tokens}
+    return {"requests": config.check_requests, "max_new_tokens": config.check_tokens}
+
+
+def run_name(result: dict) -> str:
+    return f"{result['method']} under {result['profile']} at link scale {result['link_scale']:g}"
+
+
+def check_exactness(config: BenchConfig, target: str, prompts: list[str], results: list[dict]) -> ExactnessCheck:
+    """Every run's full-length outputs against target-only decoding in this process; sets each
+    result's `exact` (True, False, or None when it could not be checked in full)."""
     import torch
 
     from asyncspec.decoding.target_only import decode_target_only
     from asyncspec.models.registry import load_decoder
 
     torch.set_num_threads(1)
-    model = load_decoder(target, dtype)
-    requests = [model.request(p, max_new_tokens=max_new_tokens) for p in prompts]
-    return [decode_target_only(model, None, r).tokens for r in requests]
+    model = load_decoder(target, config.dtype)
+    size = check_size(config)
+    requests = {p: model.request(p, max_new_tokens=size["max_new_tokens"]) for p in prompts[: size["requests"]]}
+    expected = {p: decode_target_only(model, None, r).tokens for p, r in requests.items()}
+    exactness = ExactnessCheck(model)
+    for result in results:
+        outputs = result["outputs"] if config.temperature <= 0 else result["check_outputs"]
+        result["exact"] = check_run(exactness, result, outputs, requests, expected, size["requests"])
+    return exactness
 
 
-def check_exactness(config, cloud_port, target, drafter, prompts, results, scratch: Path) -> dict:
-    """Greedy outputs must equal target-only. Greedy main runs are checked directly; otherwise every
-    method runs `check_requests` greedy requests of `check_tokens` under the strong profile, unscaled."""
-    if config.temperature <= 0:
-        count, tokens = config.requests, config.max_new_tokens
-        runs = {(r["link_scale"], r["profile"], r["method"]): r["outputs"] for r in results if not r["timed_out"]}
-    else:
-        count, tokens = config.check_requests, config.check_tokens
-        if count <= 0:
-            return {"all_equal": None, "note": "no greedy check requested (--check-requests 0)"}
-        workload = Workload(prompts[:count], count, tokens, 0.0, 0.0, config.seed)
-        profile = resolve_profile("strong")
-        runs = {}
-        for method in config.methods:
-            with EdgeProcess(edge_args(config, drafter, method), free_port(), scratch) as edge:
-                output = run_profile(edge, profile, cloud_port, workload, 20 * config.run_timeout_s)
-            runs[(1.0, "strong", method)] = [r.tokens for r in output.records]
-    expected = target_only_outputs(target, config.dtype, prompts[:count], tokens)
-    checked = {}
-    for (scale, profile, method), outputs in runs.items():
-        equal = [o == e for o, e in zip(outputs, expected, strict=False)]
-        checked[f"{method} @ {profile} scale {scale:g}"] = {"equal": sum(equal), "of": len(expected)}
-    all_equal = all(v["equal"] == v["of"] for v in checked.values()) if checked else None
-    return {"all_equal": all_equal, "requests": count, "max_new_tokens": tokens, "runs": checked}
-
-
-def format_exactness(exactness: dict) -> str:
-    if exactness.get("all_equal") is None:
-        return f"greedy exactness: not checked ({exactness.get('note', 'no completed runs')})"
-    lines = [
-        f"greedy exactness vs target-only ({exactness['requests']} requests x {exactness['max_new_tokens']} tokens): "
-        + ("all equal" if exactness["all_equal"] else "MISMATCH")
-    ]
-    lines += [
-        f"  {name}: {v['equal']}/{v['of']} equal" for name, v in exactness["runs"].items() if v["equal"] != v["of"]
-    ]
-    return "\n".join(lines)
+def check_run(exactness: ExactnessCheck, result: dict, outputs, requests, expected, count: int) -> bool | None:
+    before = exactness.mismatch_count
+    complete = [(i, o) for i, o in enumerate(outputs) if o["complete"]]
+    for index, output in complete:
+        where = f"request {index} under {result['profile']} at link scale {result['link_scale']:g}"
+        prompt = output["prompt"]
+        exactness.check(where, result["method"], requests[prompt], expected[prompt], output["tokens"])
+    if len(complete) < count:
+        exactness.not_checked(f"{run_name(result)}: {count - len(complete)} of {count} requests did not finish")
+    if exactness.mismatch_count > before:
+        return False
+    return True if len(complete) == count else None
 
 
 def config_from_args(args) -> BenchConfig:
@@ -266,6 +285,10 @@ def config_from_args(args) -> BenchConfig:
         raise InputError("--requests, --max-new-tokens and --run-timeout must be positive")
     if config.temperature < 0 or config.eps_req < 0:
         raise InputError("--temperature and --eps-req must be >= 0")
+    if config.temperature > 0 and (config.check_requests < 1 or config.check_tokens < 1):
+        raise InputError(
+            "sampled runs are checked by greedy requests: --check-requests and --check-tokens must be >= 1"
+        )
     return config
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from asyncspec.benchmarks.humaneval import humaneval_prompts
-from asyncspec.commands.compare import format_table, methods_to_run, run_jobs, summarize
+from asyncspec.commands.compare import equality_check, format_table, methods_to_run, run_jobs, summarize
 from asyncspec.commands.transcribe import decode_config, file_windows, load_models, window_jobs
 from asyncspec.datasets import librivox_clips
 from asyncspec.models.base import DecodeRequest
@@ -48,7 +48,8 @@ def run(args) -> int:
             jobs = window_jobs(target, windows)
         else:
             jobs = humaneval_jobs(target, args.n or DEFAULT_PROMPTS, args.max_new_tokens)
-        records = run_jobs(target, drafters, jobs, args.methods, config, as_json=False)
+        exactness = equality_check(target, config, compare=True)
+        records = run_jobs(target, drafters, jobs, args.methods, config, as_json=False, exactness=exactness)
     summary = summarize(records)
     print(format_table(summary))
     load = os.getloadavg()[0]
@@ -63,6 +64,7 @@ def run(args) -> int:
         "budget": args.budget,
         "load_average": os.getloadavg()[0],
         "summary": summary,
+        "exactness": exactness.as_json() if exactness else None,
         "records": records,
     }
     (out / f"methods_{args.workload}.json").write_text(json.dumps(report, indent=1))
@@ -70,7 +72,7 @@ def run(args) -> int:
         records, summary, out / f"methods_{args.workload}.png", f"{args.workload}: {args.model} <- {args.drafter}"
     )
     print(f"wrote {out / f'methods_{args.workload}.json'} and .png")
-    return 0
+    return exactness.report() if exactness else 0
 
 
 def plot_methods(records: list[dict], summary: dict[str, dict], path: Path, title: str) -> None:
@@ -92,7 +94,9 @@ def plot_methods(records: list[dict], summary: dict[str, dict], path: Path, titl
         ratios = [
             r["tps"] / reference[(r.get("file", r.get("prompt")), r["window"])]
             for r in records
-            if r["method"] == method and reference.get((r.get("file", r.get("prompt")), r["window"]))
+            if r["method"] == method
+            and r.get("equal_to_target") is not False  # a mismatched window is no speed-up
+            and reference.get((r.get("file", r.get("prompt")), r["window"]))
         ]
         right.plot(sorted(ratios), marker="o", label=method)
     right.axhline(1.0, color="#888", linestyle="--", linewidth=1)

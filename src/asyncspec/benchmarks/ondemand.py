@@ -40,6 +40,7 @@ def add_arguments(parser, decoding_options) -> None:
 
 def run(args) -> int:
     from asyncspec.audio import load_audio
+    from asyncspec.commands.compare import equality_check
     from asyncspec.commands.report import progress
     from asyncspec.commands.transcribe import decode_config, load_models
     from asyncspec.errors import InputError
@@ -57,7 +58,8 @@ def run(args) -> int:
     config = decode_config(args)
     load_before = os.getloadavg()
     with load_models(args, WhisperBackend, "speech") as (target, drafters):
-        sweep = RequestSweep(target, drafters, samples, args.window_s, args.block_s)
+        exactness = equality_check(target, config, compare=True)
+        sweep = RequestSweep(target, drafters, samples, args.window_s, args.block_s, exactness)
         positions = sweep.positions(args.every, args.until)
         if not positions:
             raise InputError(f"{path}: shorter than the first position ({args.every:g} s)")
@@ -68,6 +70,7 @@ def run(args) -> int:
         memory = sweep.memory()
         sweep.close()
     report = build_report(records, methods, args, str(path), load_before, memory)
+    report["exactness"] = exactness.as_json() if exactness else None
     out.mkdir(parents=True, exist_ok=True)
     (out / "bench_ondemand.json").write_text(json.dumps(report, indent=1))  # saved before anything can fail
     if args.json_file:
@@ -75,13 +78,13 @@ def run(args) -> int:
     print_report(report)
     plot_positions(records, methods, out / "bench_ondemand.png")
     print(f"wrote {out / 'bench_ondemand.json'} and bench_ondemand.png")
-    return 0
+    return exactness.report() if exactness else 0
 
 
 class RequestSweep:
     """The service (window, background preparer, engine) fed by the benchmark, block by block."""
 
-    def __init__(self, target, drafters, samples, window_s: float, block_s: float):
+    def __init__(self, target, drafters, samples, window_s: float, block_s: float, exactness=None):
         from asyncspec.ondemand.engine import Engine
         from asyncspec.ondemand.ingest import LatestWindow, file_blocks
         from asyncspec.ondemand.prepared_state import Preparer
@@ -91,6 +94,7 @@ class RequestSweep:
         self.engine = Engine(target, drafters, self.window, self.preparer, max_queue=1).start()
         self.blocks = file_blocks(samples, block_s, "fast")
         self.target, self.drafters = target, drafters
+        self.exactness = exactness  # every response checked against target-only's on the same window
 
     def positions(self, every: float, until: float) -> list[float]:
         duration = len(self.samples) / 16_000
@@ -106,8 +110,12 @@ class RequestSweep:
             self.preparer.on_block(block)
 
     def _request(self, method: str, config):
+        return self._answered(method, config)[1]
+
+    def _answered(self, method: str, config):
+        """(the job, its response): the job keeps the audio view the response was decoded from."""
         job = self.engine.submit_live(None, method, config)
-        return job.future.result()
+        return job, job.future.result()
 
     def warm_up(self, position: float, methods: list[str], config) -> None:
         """One unrecorded request per method (first calls allocate and load lazily)."""
@@ -119,18 +127,29 @@ class RequestSweep:
     def at(self, position: float, methods: list[str], config) -> list[dict[str, Any]]:
         self._feed_until(position)
         prepared = self.preparer.wait_for(self.window.blocks, 120.0)
-        responses = [self._request(method, config) for method in methods]
+        answered = [self._answered(method, config) for method in methods]
+        responses = [response for _, response in answered]
         reference = responses[0].tokens  # target-only runs first
+        equal = [True] + [self._check(job, response, reference) for job, response in answered[1:]]
         return [
             {
                 "position_s": round(self.window.end_s, 2),
                 "prepare_s": round(prepared.prepare_s, 4) if prepared else None,
                 **{k: (round(v, 4) if isinstance(v, float) else v) for k, v in r.as_dict().items()},
-                "equal_to_target": r.tokens == reference,
+                "equal_to_target": same if self.exactness is not None else None,
                 "token_ids": r.tokens,
             }
-            for r in responses
+            for r, same in zip(responses, equal, strict=True)
         ]
+
+    def _check(self, job, response, reference: list[int]) -> bool:
+        if self.exactness is None:
+            return response.tokens == reference
+        from asyncspec.ondemand.prepared_state import WHISPER_SAMPLE_LEN
+
+        request = self.target.request(job.audio, language=job.language, max_new_tokens=WHISPER_SAMPLE_LEN)
+        where = f"the request at {job.live_end_s:.2f} s"
+        return self.exactness.check(where, response.method, request, reference, response.tokens)
 
     def memory(self) -> dict:
         from asyncspec.ondemand.memory import memory_report
@@ -150,23 +169,27 @@ class RequestSweep:
 
 
 def method_figures(records: list[dict], methods: list[str]) -> dict[str, dict[str, Any]]:
+    """Per method, over the requests whose output equals target-only's: a mismatched response is
+    never part of a latency or speed figure (`mismatched_requests` counts them)."""
     figures = {}
-    target_latency = median(r["latency_s"] for r in records if r["method"] == "target")
+    target_rows = {r["position_s"]: r for r in records if r["method"] == "target"}
+    target_latency = median(r["latency_s"] for r in target_rows.values())
     for method in methods:
-        rows = [r for r in records if r["method"] == method]
-        latency = median(r["latency_s"] for r in rows)
+        every = [r for r in records if r["method"] == method]
+        rows = [r for r in every if r["equal_to_target"] is not False]
+        latency = median(r["latency_s"] for r in rows) if rows else float("nan")
         figures[method] = {
-            "requests": len(rows),
-            "equal_requests": sum(r["equal_to_target"] for r in rows),
+            "requests": len(every),
+            "mismatched_requests": len(every) - len(rows),
+            "equal_requests": sum(bool(r["equal_to_target"]) for r in every),
             "median_latency_s": round(latency, 4),
             "latency_ratio_to_target": round(latency / target_latency, 4) if target_latency else None,
-            "median_tps": round(median(r["tps"] for r in rows), 3),
-            "median_residual_prepare_s": round(median(r["residual_prepare_s"] for r in rows), 4),
+            "median_tps": round(median(r["tps"] for r in rows), 3) if rows else float("nan"),
+            "median_residual_prepare_s": round(median(r["residual_prepare_s"] for r in rows), 4) if rows else None,
             "prepared_requests": sum(bool(r["prepared"]) for r in rows),
             "tokens": sum(r["n_tokens"] for r in rows),
             "faster_than_target_positions": sum(
-                r["latency_s"] < t["latency_s"]
-                for r, t in zip(rows, [r for r in records if r["method"] == "target"], strict=True)
+                r["latency_s"] < target_rows[r["position_s"]]["latency_s"] for r in rows
             ),
         }
     return figures
@@ -202,6 +225,9 @@ def print_report(report: dict[str, Any]) -> None:
             f"{method:8s} {f['requests']:8d} {f['equal_requests']:5d} {f['median_latency_s']:12.3f} s "
             f"{f['latency_ratio_to_target'] or 0:8.3f} {f['median_tps']:10.2f} {f['faster_than_target_positions']:6d}"
         )
+    for method, f in report["methods"].items():
+        if f["mismatched_requests"]:
+            print(f"{method}: {f['mismatched_requests']} request(s) differing from target-only left out of its figures")
     load = report["load_average_before"][0], report["load_average_after"][0]
     print(f"machine: {report['cores']} cores, load average {load[0]:.2f} -> {load[1]:.2f}; memory {report['memory']}")
 
@@ -216,7 +242,13 @@ def plot_positions(records: list[dict], methods: list[str], path: Path) -> None:
     for method in methods:
         rows = [r for r in records if r["method"] == method]
         x = [r["position_s"] for r in rows]
-        tps_axis.plot(x, [r["tps"] for r in rows], "o-", label=method, markersize=3)
+        tps_axis.plot(
+            x,
+            [r["tps"] if r["equal_to_target"] is not False else float("nan") for r in rows],
+            "o-",
+            label=method,
+            markersize=3,
+        )
         latency_axis.plot(x, [r["latency_s"] for r in rows], "o-", label=method, markersize=3)
     tps_axis.set_ylabel("request-to-completion tokens/s")
     tps_axis.set_title("on-demand requests for the latest window (prepared in the background)")

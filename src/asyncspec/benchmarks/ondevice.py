@@ -14,7 +14,7 @@ import numpy as np
 
 from asyncspec.audio import SAMPLE_RATE, WINDOW_SECONDS, load_audio, split_windows
 from asyncspec.benchmarks.oracle import Headroom, plot_headroom
-from asyncspec.commands.compare import comparison_records
+from asyncspec.commands.compare import comparison_records, equality_check
 from asyncspec.commands.report import progress
 from asyncspec.commands.transcribe import decode_config, load_models
 from asyncspec.datasets import librivox_clips
@@ -22,6 +22,7 @@ from asyncspec.decoding.methods import METHODS
 from asyncspec.decoding.result import DecodeConfig
 from asyncspec.devset import synthesize_dev_set
 from asyncspec.errors import InputError
+from asyncspec.exactness import ExactnessCheck
 from asyncspec.models.hf_whisper import WhisperBackend
 
 METHOD_ORDER = ["target", "sd", "specasr", "as2d"]
@@ -57,8 +58,11 @@ def directory_windows(directory: str) -> list[tuple[str, str, np.ndarray]]:
     ]
 
 
-def run_window(target, drafters, samples, methods, config: DecodeConfig) -> tuple[list[dict[str, Any]], list]:
-    """Records of every method on one window, and the results (target-only first)."""
+def run_window(
+    target, drafters, samples, methods, config: DecodeConfig, exactness: ExactnessCheck | None = None, where: str = ""
+) -> tuple[list[dict[str, Any]], list]:
+    """Records of every method on one window, and the results (target-only first). With
+    `exactness`, every run (each sd budget's included) is checked against target-only."""
     request = target.request(samples)
     results, sd_runs = [], []
     for method in methods:
@@ -67,11 +71,16 @@ def run_window(target, drafters, samples, methods, config: DecodeConfig) -> tupl
             results.append(_mean_sd(sd_runs))
         else:
             results.append(METHODS[method](target, drafters.get(method), request, config))
-    records = comparison_records(results, target)
+    records = comparison_records(results, target, compared=exactness is not None)
+    if exactness is None:
+        return records, results
     reference = results[0].tokens  # target-only runs first
+    runs = [(r.method, r) for r in results[1:] if r.method != "sd"]
+    runs += [(f"sd (budget {b})", run) for b, run in zip(SD_BUDGETS, sd_runs, strict=True)]
+    equal = {name: exactness.check(where, name, request, reference, run.tokens) for name, run in runs}
     for record in records:
         if record["method"] == "sd":  # equal only if every budget's run equals target-only
-            record["equal_to_target"] = all(run.tokens == reference for run in sd_runs)
+            record["equal_to_target"] = all(equal[f"sd (budget {b})"] for b in SD_BUDGETS)
     return records, results
 
 
@@ -95,14 +104,17 @@ def run(args) -> int:
     records = []
     with Headroom(args) as oracle, load_models(args, WhisperBackend, "speech") as (target, drafters):
         oracle.start(target)
+        exactness = equality_check(target, config, compare=True)
         for dataset, name, samples in progress(windows, len(windows), "bench ondevice"):
-            window_records, results = run_window(target, drafters, samples, methods, config)
+            where = f"{dataset} window {name}"
+            window_records, results = run_window(target, drafters, samples, methods, config, exactness, where)
             for record in window_records:
                 record.update(dataset=dataset, window=name, seconds=round(len(samples) / SAMPLE_RATE, 2))
                 records.append(record)
-            oracle.observe(dataset, name, samples, results)
+            oracle.observe(dataset, name, samples, results, exactness)
     report = build_report(records, methods, args)
     report["oracle"] = oracle.report()
+    report["exactness"] = exactness.as_json() if exactness else None
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "bench_ondevice.json").write_text(json.dumps(report, indent=1))  # saved before anything can fail
@@ -112,7 +124,7 @@ def run(args) -> int:
     if report["oracle"]:
         plot_headroom(report["oracle"], out / "bench_ondevice_oracle.png")
     print(f"wrote {out / 'bench_ondevice.json'}, bench_ondevice_cdf.png, bench_ondevice_timeline.png")
-    return 0
+    return exactness.report() if exactness else 0
 
 
 def _pooled(records: list[dict]) -> float:
@@ -121,21 +133,29 @@ def _pooled(records: list[dict]) -> float:
 
 
 def method_figures(records: list[dict], methods: list[str]) -> dict[str, dict[str, Any]]:
+    """Per method, over the windows where its output equals target-only: a mismatched window is
+    never pooled (`mismatched_windows` counts them), and ratios compare with target-only on the
+    same windows."""
     by_method = {m: [r for r in records if r["method"] == m] for m in methods}
-    target_tps = {r["window"]: r["tps"] for r in by_method["target"]}
-    pooled = {m: _pooled(rs) for m, rs in by_method.items()}
+    kept = {m: [r for r in rows if r.get("equal_to_target") is not False] for m, rows in by_method.items()}
+    target_rows = {r["window"]: r for r in by_method["target"]}
+    pooled = {m: _pooled(rs) for m, rs in kept.items()}
     serial_best = max((pooled[m] for m in SERIAL if m in pooled), default=0.0)
     figures = {}
-    for method, rows in by_method.items():
+    for method, rows in kept.items():
+        target_pooled = _pooled([target_rows[r["window"]] for r in rows])
         figures[method] = {
-            "windows": len(rows),
+            "windows": len(by_method[method]),
+            "mismatched_windows": len(by_method[method]) - len(rows),
             "pooled_tps": round(pooled[method], 3),
-            "ratio_to_target": round(pooled[method] / pooled["target"], 3) if pooled["target"] else None,
+            "ratio_to_target": round(pooled[method] / target_pooled, 3) if target_pooled else None,
             "ratio_to_best_serial": round(pooled[method] / serial_best, 3) if serial_best else None,
-            "slower_than_target_fraction": round(sum(r["tps"] < target_tps[r["window"]] for r in rows) / len(rows), 3)
+            "slower_than_target_fraction": round(
+                sum(r["tps"] < target_rows[r["window"]]["tps"] for r in rows) / len(rows), 3
+            )
             if rows
             else None,
-            "equal_windows": sum(bool(r["equal_to_target"]) for r in rows),
+            "equal_windows": sum(bool(r["equal_to_target"]) for r in by_method[method]),
             "tokens": sum(r["n_tokens"] for r in rows),
         }
     return figures
@@ -188,6 +208,9 @@ def print_report(report: dict[str, Any]) -> None:
                 f"{f['ratio_to_target'] or 0:8.2f} {f['ratio_to_best_serial'] or 0:8.2f} "
                 f"{(f['slower_than_target_fraction'] or 0) * 100:6.1f}%"
             )
+    for method, f in report["methods"].items():
+        if f["mismatched_windows"]:
+            print(f"{method}: {f['mismatched_windows']} window(s) differing from target-only left out of its figures")
     if report["as2d_accounting"]:
         a = report["as2d_accounting"]
         print(
@@ -226,7 +249,7 @@ def plot_cdf(records: list[dict], methods: list[str], path: Path) -> None:
 
     figure, axis = plt.subplots(figsize=(7, 4))
     for method in methods:
-        tps = sorted(r["tps"] for r in records if r["method"] == method)
+        tps = sorted(r["tps"] for r in records if r["method"] == method and r.get("equal_to_target") is not False)
         axis.step(tps, np.arange(1, len(tps) + 1) / len(tps), where="post", label=method)
     axis.set_xlabel("tokens / s per window (after prefill)")
     axis.set_ylabel("fraction of windows")

@@ -57,7 +57,9 @@ class Headroom:
     def __exit__(self, *exc) -> None:
         self.stack.close()
 
-    def observe(self, dataset: str, name: str, samples, results) -> None:
+    def observe(self, dataset: str, name: str, samples, results, exactness=None) -> None:
+        """Keep the window's trajectories; the other producers' As²d runs are checked against
+        target-only by `exactness` (the bench's own runs were checked already)."""
         if not self.enabled:
             return
         if self.deployed:
@@ -68,10 +70,15 @@ class Headroom:
         for serial in (r for r in results if r.method in ("sd", "specasr") and r.tokens == reference.tokens):
             trajectory.add_native(serial.method, serial)  # re-priced by `asyncspec replay`
         own = next(r for r in results if r.method == "as2d")
-        add_producer_run(self.collection, trajectory, self.own, own, self.budget)
+        add_producer_run(self.collection, trajectory, self.own, own, self.budget, own.tokens == reference.tokens)
         for producer, worker in self.workers.items():
             result = METHODS["as2d"](self.target, worker, request, DecodeConfig(budget=self.budget))
-            add_producer_run(self.collection, trajectory, producer, result, self.budget)
+            equal = result.tokens == reference.tokens
+            if exactness is not None:
+                equal = exactness.check(
+                    f"{dataset} {name}", f"as2d ({producer})", request, reference.tokens, result.tokens
+                )
+            add_producer_run(self.collection, trajectory, producer, result, self.budget, equal)
         self.collection.trajectories.append(trajectory)
 
     def report(self) -> dict[str, Any] | None:

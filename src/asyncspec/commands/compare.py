@@ -12,6 +12,7 @@ from typing import Any
 from asyncspec.commands.report import emit, result_record
 from asyncspec.decoding.methods import METHODS
 from asyncspec.decoding.result import DecodeConfig, DecodeResult
+from asyncspec.exactness import ExactnessCheck
 from asyncspec.models.base import Decoder, DecodeRequest
 
 REFERENCE = "target"
@@ -34,9 +35,12 @@ def decode_request(
     return [METHODS[method](target, drafters.get(method), request, config) for method in methods]
 
 
-def comparison_records(results: list[DecodeResult], target: Decoder, **context: Any) -> list[dict[str, Any]]:
-    """One record per method; `equal_to_target` when target-only ran on the same request."""
-    reference = next((r.tokens for r in results if r.method == REFERENCE), None)
+def comparison_records(
+    results: list[DecodeResult], target: Decoder, compared: bool = True, **context: Any
+) -> list[dict[str, Any]]:
+    """One record per method; `equal_to_target` when target-only ran on the same request and the
+    outputs are comparable token for token (greedy)."""
+    reference = next((r.tokens for r in results if r.method == REFERENCE), None) if compared else None
     records = []
     for result in results:
         record = result_record(result, target, **context)
@@ -63,39 +67,58 @@ def comparison_records(results: list[DecodeResult], target: Decoder, **context: 
     return records
 
 
+def window_key(record: dict[str, Any]) -> tuple:
+    return (record.get("file", record.get("prompt")), record.get("window", 0))
+
+
+def describe_window(context: dict[str, Any]) -> str:
+    """How a mismatch names the input: the file's window, or the prompt."""
+    if "where" in context:
+        return context["where"]
+    if "file" in context:
+        return f"{context['file']} window {context.get('window', 0)}"
+    return str(context.get("prompt", context))
+
+
 def summarize(records: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
-    """Pooled figures per method: tokens / decode time over all windows, ratios to target-only."""
+    """Pooled figures per method: tokens / decode time over all windows, ratios to target-only.
+    A window whose output differs from target-only is never pooled (`excluded` counts them); each
+    method's ratio compares it with target-only on the same windows."""
     rows: dict[str, dict[str, float]] = {}
+    pooled_windows: dict[str, set] = {}
     for record in records:
-        row = rows.setdefault(
-            record["method"],
-            {
-                "windows": 0,
-                "tokens": 0,
-                "decode_s": 0.0,
-                "draft_s": 0.0,
-                "drafted": 0,
-                "accepted": 0,
-                "target_calls": 0,
-                "equal": 0,
-            },
-        )
+        row = rows.setdefault(record["method"], _empty_row())
         row["windows"] += 1
+        row["equal"] += bool(record.get("equal_to_target"))
+        if record.get("equal_to_target") is False:
+            row["excluded"] += 1
+            continue
+        pooled_windows.setdefault(record["method"], set()).add(window_key(record))
         row["tokens"] += record["n_tokens"]
         row["decode_s"] += record["decode_s"]
         row["draft_s"] += record.get("draft_s", 0.0)
         row["drafted"] += record.get("drafted", 0)
         row["accepted"] += record.get("accepted", 0)
         row["target_calls"] += record["target_calls"]
-        row["equal"] += bool(record.get("equal_to_target"))
-    reference_tps = _tps(rows.get(REFERENCE))
-    for row in rows.values():
+    for method, row in rows.items():
         row["tps"] = _tps(row)
-        row["ratio"] = row["tps"] / reference_tps if reference_tps else float("nan")
+        reference = _reference_tps(records, pooled_windows.get(method, set()))
+        row["ratio"] = row["tps"] / reference if reference else float("nan")
         row["acceptance"] = row["accepted"] / row["drafted"] if row["drafted"] else 0.0
         row["mean_accepted_len"] = row["accepted"] / row["target_calls"] if row["drafted"] else 0.0
         row["draft_share"] = row["draft_s"] / row["decode_s"] if row["decode_s"] else 0.0
     return rows
+
+
+def _empty_row() -> dict[str, float]:
+    keys = ("windows", "tokens", "drafted", "accepted", "target_calls", "equal", "excluded")
+    return {k: 0 for k in keys} | {"decode_s": 0.0, "draft_s": 0.0}
+
+
+def _reference_tps(records: list[dict[str, Any]], windows: set) -> float:
+    """Target-only's pooled TPS over the given windows."""
+    rows = [r for r in records if r["method"] == REFERENCE and window_key(r) in windows]
+    return _tps({"tokens": sum(r["n_tokens"] for r in rows), "decode_s": sum(r["decode_s"] for r in rows)})
 
 
 def _tps(row: dict[str, float] | None) -> float:
@@ -114,6 +137,11 @@ def format_table(summary: dict[str, dict[str, float]]) -> str:
             f"{row['ratio']:6.2f} {row['acceptance']:7.2f} {row['mean_accepted_len']:7.2f} "
             f"{row['target_calls']:6d} {row['draft_share'] * 100:6.1f}%"
         )
+    lines += [
+        f"{method}: {row['excluded']} window(s) differing from target-only left out of its figures"
+        for method, row in summary.items()
+        if row["excluded"]
+    ]
     return "\n".join(lines)
 
 
@@ -140,12 +168,16 @@ def run_jobs(
     config: DecodeConfig,
     as_json: bool,
     trace_path: str | None = None,
+    exactness: ExactnessCheck | None = None,
 ) -> list[dict[str, Any]]:
-    """Decode every (context, request) job with every method; print records as they finish."""
+    """Decode every (context, request) job with every method; print records as they finish.
+    With `exactness`, every method's output is checked against target-only's on the same job."""
     records, traced = [], []
     for context, request in jobs:
         results = decode_request(target, drafters, request, methods, config)
-        for record in comparison_records(results, target, **context):
+        if exactness is not None:
+            check_against_reference(exactness, describe_window(context), request, results)
+        for record in comparison_records(results, target, exactness is not None, **context):
             emit(record, as_json)
             records.append(record)
         traced += [(context, result) for result in results]
@@ -154,14 +186,29 @@ def run_jobs(
     return records
 
 
-def print_summary(records: list[dict[str, Any]], as_json: bool) -> None:
-    """The side-by-side table (human output, several methods) and any mismatch with target-only."""
-    mismatches = [r for r in records if r.get("equal_to_target") is False]
-    for record in mismatches:
-        where = record.get("file", record.get("prompt", ""))
-        print(
-            f"MISMATCH: {record['method']} differs from target-only on {where} window {record.get('window', 0)}",
-            file=sys.stderr,
-        )
+def equality_check(target: Decoder, config: DecodeConfig, compare: bool) -> ExactnessCheck | None:
+    """The check of a run compared with target-only; None without comparison, or when sampling
+    (sampled outputs follow the target's law, they are not its tokens)."""
+    if not compare:
+        return None
+    if config.temperature > 0:
+        print("note: sampled outputs (--temperature > 0) are not compared token for token", file=sys.stderr)
+        return None
+    return ExactnessCheck(target)
+
+
+def check_against_reference(
+    exactness: ExactnessCheck, where: str, request: DecodeRequest, results: list[DecodeResult]
+) -> None:
+    reference = next(r for r in results if r.method == REFERENCE)
+    for result in results:
+        if result is not reference:
+            exactness.check(where, result.method, request, reference.tokens, result.tokens)
+
+
+def print_summary(records: list[dict[str, Any]], as_json: bool, exactness: ExactnessCheck | None = None) -> int:
+    """The side-by-side table (human output, several methods) and the exactness verdict; the exit
+    code: 1 when any output differs from target-only or nothing was compared, else 0."""
     if not as_json and len({r["method"] for r in records}) > 1:
         print(format_table(summarize(records)))
+    return exactness.report() if exactness is not None else 0

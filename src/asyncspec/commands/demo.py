@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from asyncspec.commands.compare import methods_to_run, print_summary, run_jobs, summarize
+from asyncspec.commands.compare import equality_check, methods_to_run, print_summary, run_jobs, summarize
 from asyncspec.commands.transcribe import decode_config, file_windows, load_models, window_jobs
 from asyncspec.datasets import librivox_clips
 from asyncspec.models.hf_whisper import WhisperBackend
@@ -21,16 +21,19 @@ def run(args) -> int:
     args.methods = methods_to_run(args.methods, compare=True)
     config = decode_config(args)
     with load_models(args, WhisperBackend, "speech") as (target, drafters):
-        records = run_jobs(target, drafters, window_jobs(target, windows), args.methods, config, as_json=False)
-    print_summary(records, as_json=False)
+        exactness = equality_check(target, config, compare=True)
+        jobs = window_jobs(target, windows)
+        records = run_jobs(target, drafters, jobs, args.methods, config, as_json=False, exactness=exactness)
+    exit_code = print_summary(records, as_json=False, exactness=exactness)
     wer = word_error_rates(records, references)
     for method, rate in wer.items():
         print(f"{method}: WER {rate * 100:.1f}% against the LibriVox transcripts ({args.model}, {args.dtype})")
     if args.json:
+        verdict = exactness.as_json() if exactness else None
         Path(args.json).write_text(
-            json.dumps({"records": records, "summary": summarize(records), "wer": wer}, indent=1)
+            json.dumps({"records": records, "summary": summarize(records), "wer": wer, "exactness": verdict}, indent=1)
         )
-    return 0
+    return exit_code
 
 
 def word_error_rates(records: list[dict], references: dict[str, str]) -> dict[str, float]:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from asyncspec.commands.compare import methods_to_run, print_summary, run_jobs
+from asyncspec.commands.compare import equality_check, methods_to_run, print_summary, run_jobs
 from asyncspec.commands.transcribe import decode_config, load_models
 from asyncspec.errors import InputError
 from asyncspec.models.hf_causal import CausalLMBackend
@@ -17,7 +17,7 @@ def run(args) -> int:
         raise InputError("as2d drafts from audio; for text use target, sd or specasr")
     with load_models(args, CausalLMBackend, "text") as (target, drafters):
         request = target.request(args.prompt, max_new_tokens=args.max_new_tokens)
-        jobs = [({"prompt_tokens": len(request.prompt_ids)}, request)]
-        records = run_jobs(target, drafters, jobs, args.methods, config, args.json, args.trace)
-    print_summary(records, args.json)
-    return 0
+        jobs = [({"prompt_tokens": len(request.prompt_ids), "where": "the prompt"}, request)]
+        exactness = equality_check(target, config, args.compare)
+        records = run_jobs(target, drafters, jobs, args.methods, config, args.json, args.trace, exactness)
+    return print_summary(records, args.json, exactness)

@@ -11,6 +11,7 @@ from typing import Any
 
 from asyncspec.commands.profile import measure_profile, print_profile, profile_settings
 from asyncspec.errors import InputError
+from asyncspec.exactness import ExactnessCheck
 from asyncspec.profiling.costs import CostProfile
 from asyncspec.profiling.deployed import ProducerChoice
 from asyncspec.profiling.replay import NativePricer, ProfilePricer, replay_as2d, replay_target_only, reprice_serial
@@ -63,6 +64,7 @@ def validate(args) -> int:
     print_profile(profile)
     every = args.calibrate_every or len(windows)
     pairs, mismatches = [], []
+    exactness = ExactnessCheck(target)
     with producers([choice], args.producer_model, args.dtype, target) as workers:
         for start in range(0, len(windows), every):
             if start and calibration is not None:  # block calibration: costs re-measured before each block
@@ -70,12 +72,17 @@ def validate(args) -> int:
             collection = collect(target, workers, windows[start : start + every], args.budget, "replay --validate")
             pairs += [(t, profile) for t in collection.trajectories]
             mismatches += collection.mismatches
+            exactness.absorb(collection.exactness)
     save_trajectories(out / "replay_validate_trajectories.json", [t for t, _ in pairs])
-    report = agreement(pairs, choice.name, args.budget)
+    if any(f"as2d:{choice.name}" in t.native for t, _ in pairs):
+        report = agreement(pairs, choice.name, args.budget)
+        print_agreement(report)
+    else:  # every As²d run differed from target-only: nothing to replay, the verdict below says why
+        report = {"producer": choice.name, "budget": args.budget, "windows": 0, "rows": []}
     report.update(mismatches=mismatches, calibrate_every=args.calibrate_every, load_average=os.getloadavg())
-    print_agreement(report)
+    report["exactness"] = exactness.as_json()
     _write(report, args.json or out / "replay_validate.json")
-    return 0
+    return exactness.report()
 
 
 def agreement(pairs: list[tuple[WindowTrajectory, CostProfile]], producer: str, budget: int) -> dict:

@@ -39,6 +39,8 @@ def run(args) -> int:
     with producers(choices, args.producer_model, args.dtype, target) as workers:
         collection = collect(target, workers, windows, DEFAULT_BUDGET, "select-budget (development split)")
     save_trajectories(out / "select_budget_trajectories.json", collection.trajectories)
+    if not collection.exactness.passed:  # an As²d run differing from target-only is a defect: deploy nothing
+        return collection.exactness.report()
     catalog = replay_catalog(collection.trajectories, profile, [c.name for c in choices], range(1, args.max_budget + 1))
     ranking = rank(catalog)
     best, best_tps = ranking[0]
@@ -68,7 +70,7 @@ def run(args) -> int:
         f"{len(catalog.trajectories)} development windows); wrote {path}, {out / 'select_budget.json'}, "
         f"{out / 'select_budget.png'}"
     )
-    return 0
+    return collection.exactness.report()
 
 
 def _measure(args, out: Path, path: str) -> CostProfile:

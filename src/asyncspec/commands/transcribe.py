@@ -7,7 +7,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from asyncspec.audio import AudioWindow, load_audio, split_windows
-from asyncspec.commands.compare import methods_to_run, needs_drafter, print_summary, run_jobs
+from asyncspec.commands.compare import equality_check, methods_to_run, needs_drafter, print_summary, run_jobs
 from asyncspec.commands.report import progress
 from asyncspec.decoding.result import DecodeConfig
 from asyncspec.errors import InputError
@@ -94,6 +94,6 @@ def run(args) -> int:
     config = decode_config(args)
     with load_models(args, WhisperBackend, "speech") as (target, drafters):
         jobs = window_jobs(target, windows, args.language)
-        records = run_jobs(target, drafters, jobs, methods, config, args.json, args.trace)
-    print_summary(records, args.json)
-    return 0
+        exactness = equality_check(target, config, args.compare)
+        records = run_jobs(target, drafters, jobs, methods, config, args.json, args.trace, exactness)
+    return print_summary(records, args.json, exactness)

@@ -13,6 +13,7 @@ from asyncspec.commands.report import progress
 from asyncspec.commands.transcribe import make_producer
 from asyncspec.decoding.methods import METHODS
 from asyncspec.decoding.result import DecodeConfig, DecodeResult
+from asyncspec.exactness import ExactnessCheck
 from asyncspec.models.base import Decoder
 from asyncspec.profiling.deployed import ProducerChoice
 from asyncspec.profiling.trajectory import WindowTrajectory, reference_trajectory
@@ -25,6 +26,7 @@ class Collection:
     trajectories: list[WindowTrajectory] = field(default_factory=list)
     mismatches: list[str] = field(default_factory=list)  # "window producer": output != target-only
     native: dict[str, list[DecodeResult]] = field(default_factory=dict)  # run key -> results
+    exactness: ExactnessCheck = field(default_factory=ExactnessCheck)  # every As²d run against target-only
 
 
 @contextmanager
@@ -41,7 +43,7 @@ def producers(choices: list[ProducerChoice], producer_model: str, dtype: str, ta
 
 def collect(target: Decoder, workers: dict, windows: list[Window], budget: int, label: str) -> Collection:
     """Target-only then As²d with each producer, per window (interleaved: they share machine drift)."""
-    collection = Collection()
+    collection = Collection(exactness=ExactnessCheck(target))
     for dataset, name, samples in progress(windows, len(windows), label):
         request = target.request(samples)
         reference = METHODS["target"](target, None, request, DecodeConfig())
@@ -49,17 +51,26 @@ def collect(target: Decoder, workers: dict, windows: list[Window], budget: int, 
         collection.native.setdefault("target", []).append(reference)
         for producer, worker in workers.items():
             result = METHODS["as2d"](target, worker, request, DecodeConfig(budget=budget))
-            add_producer_run(collection, trajectory, producer, result, budget)
+            equal = collection.exactness.check(
+                f"{dataset} {name}", f"as2d ({producer})", request, reference.tokens, result.tokens
+            )
+            add_producer_run(collection, trajectory, producer, result, budget, equal)
         collection.trajectories.append(trajectory)
     return collection
 
 
 def add_producer_run(
-    collection: Collection, trajectory: WindowTrajectory, producer: str, result: DecodeResult, budget: int
+    collection: Collection,
+    trajectory: WindowTrajectory,
+    producer: str,
+    result: DecodeResult,
+    budget: int,
+    equal: bool,
 ) -> None:
-    """Keep an As²d run's publications for replay, unless its output differs from target-only."""
+    """Keep an As²d run's publications for replay, unless its output differs from target-only
+    (`equal`, as the caller's exactness check found; the mismatch itself fails the command)."""
     collection.native.setdefault(f"as2d:{producer}", []).append(result)
-    if result.tokens != trajectory.tokens:
+    if not equal:
         collection.mismatches.append(f"{trajectory.window} {producer}")
         return
     trajectory.add_native(f"as2d:{producer}", result, budget)
