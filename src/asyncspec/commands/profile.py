@@ -3,10 +3,12 @@ disjoint from development and test audio); write JSON and the R(K) plot (seed 00
 
 from __future__ import annotations
 
+import json
 from argparse import Namespace
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from statistics import mean
 
 from asyncspec.audio import load_audio
 from asyncspec.commands.transcribe import make_producer, producer_spec
@@ -20,6 +22,7 @@ from asyncspec.profiling.deployed import ProducerChoice
 from asyncspec.profiling.measure import (
     build_profile,
     native_runs,
+    sweep_verify,
     verify_timings,
 )
 
@@ -46,12 +49,30 @@ class Calibration:
 
 def run(args) -> int:
     out = Path(args.out)
-    profile, _ = measure_profile(args, out)
+    profile, calibration = measure_profile(args, out)
     profile.save(out / "profile.json")
-    print_profile(profile)
-    plot_saving(profile, out / "profile_saving.png")
-    print(f"wrote {out / 'profile.json'}, {out / 'profile_saving.png'}")
+    beside = transformers_costs(args, calibration)
+    (out / "profile_transformers.json").write_text(json.dumps(beside, indent=1))
+    print_profile(profile, beside["v_ms"])
+    plot_saving(profile, out / "profile_saving.png", beside["v_ms"])
+    print(f"wrote {out / 'profile.json'}, {out / 'profile_transformers.json'}, {out / 'profile_saving.png'}")
     return 0
+
+
+def transformers_costs(args, calibration: Calibration) -> dict:
+    """V(K) of the same model and dtype on transformers' own forward (idle, same widths and
+    offsets): what the fixed-shape engine costs or saves against it. Its self-test verdict too."""
+    from asyncspec.models.registry import load_decoder
+    from asyncspec.models.selftest import invariance
+
+    model = load_decoder(args.model, args.dtype, engine="transformers")
+    widths, offsets = _sweep_shape(args)
+    print("profile: the same idle sweep on transformers' forward, for comparison")
+    timings = sweep_verify(
+        model, calibration.request, calibration.reference, widths, offsets, args.repetitions, args.warmup, print
+    )
+    v_ms = {k: 1000 * mean(s for by_k in timings.values() for s in by_k[k]) for k in widths}
+    return {"engine": "transformers", "dtype": args.dtype, "v_ms": v_ms, "self_test": asdict(invariance(model))}
 
 
 def measure_profile(args, out: Path, target: WhisperBackend | None = None) -> tuple[CostProfile, Calibration]:
@@ -107,17 +128,20 @@ def _sweep_shape(args) -> tuple[tuple[int, ...], tuple[int, ...]]:
     return tuple(range(1, args.max_width + 1)), offsets
 
 
-def print_profile(profile: CostProfile) -> None:
+def print_profile(profile: CostProfile, transformers_ms: dict[int, float] | None = None) -> None:
     concurrent = bool(profile.verify.get(CONCURRENT))
     print(
         f"{'K':>3} {'idle ms':>9} {'sd':>6} {'R(K)':>7}"
         + (f" {'concurrent ms':>14} {'ratio':>6}" if concurrent else "")
+        + (f" {'transformers ms':>16}" if transformers_ms else "")
     )
     for k in profile.widths:
         idle, spread = profile.mean_over_offsets(k)
         line = f"{k:>3} {1000 * idle:>9.1f} {1000 * spread:>6.1f} {100 * profile.saving(k):>6.1f}%"
         if concurrent:
             line += f" {1000 * profile.mean_over_offsets(k, CONCURRENT)[0]:>14.1f} {profile.concurrent_ratio(k):>6.3f}"
+        if transformers_ms:
+            line += f" {transformers_ms[k]:>16.1f}"
         print(line)
     print(
         f"per round: align {1000 * profile.align_s:.2f} ms, loop {1000 * profile.gap_s:.2f} ms, "
@@ -127,7 +151,7 @@ def print_profile(profile: CostProfile) -> None:
     )
 
 
-def plot_saving(profile: CostProfile, path: Path) -> None:
+def plot_saving(profile: CostProfile, path: Path, transformers_ms: dict[int, float] | None = None) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -146,6 +170,10 @@ def plot_saving(profile: CostProfile, path: Path) -> None:
         )
         all_widths = profile.widths
         cost_axis.plot(all_widths, [1000 * profile.mean_over_offsets(k, mode)[0] for k in all_widths], "o-", label=mode)
+    if transformers_ms:
+        cost_axis.plot(
+            list(transformers_ms), list(transformers_ms.values()), "s--", label="transformers forward (idle)"
+        )
     saving_axis.set(
         xlabel="physical width K",
         ylabel="R(K) = 1 - V(K) / (K V(1))  [%]",

@@ -44,10 +44,12 @@ def decode_as2d(
         raise InputError("as2d is a greedy method (temperature 0)")
     require_invariant(target, METHOD)
     trace, stats, committed = Trace(), DecodeStats(), []
+    # The request arrives: drafting starts now, never before, and runs on its own core while the
+    # target encodes the audio and prefills its prompt (it reads only the audio, never target state).
+    buffer = drafter.start(request.audio)
     with trace.stage("prefill"):
         state = target.prefill(request)
     stats.prefill_s = trace.now()
-    buffer = drafter.start(request.audio)  # the request arrives: drafting starts now, never before
     root, cursor = target.greedy(state.next_logits)[0], 0
     limit, budget = output_limit(request, target), config.budget or config.as2d_budget or DEFAULT_BUDGET
     while commit_token(root, committed, target.eos_ids, limit, stats):
@@ -109,7 +111,9 @@ def _as2d_figures(trace: Trace, buffer: CandidateBuffer, stats: DecodeStats, n_t
         "used": stats.drafted,
         "coverage": stats.accepted / n_tokens if n_tokens else 0.0,
         "k1_share": stats.call_widths.count(1) / len(stats.call_widths) if stats.call_widths else 0.0,
+        # seconds after decoding began (negative: published during the target's prefill)
         "first_publication_s": None if first_publication is None else round(first_publication - start, 4),
+        "published_before_decoding": sum(1 for b in buffer.batches if b.published - trace.origin < start),
         "producer_messages_before_end": sum(
             1 for kind, t in buffer.producer_log if kind != "start" and t - trace.origin < end
         ),
