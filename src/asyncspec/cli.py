@@ -32,6 +32,12 @@ def _decoding_options(parser: argparse.ArgumentParser, default_model: str | None
         "--chunk-s", type=float, default=None, help="as2d: seconds of audio per chunk (default: deployed, else 4)"
     )
     parser.add_argument("--dtype", default="bf16", choices=["bf16", "fp32", "fp16"])
+    parser.add_argument(
+        "--encoder",
+        default="auto",
+        choices=["auto", "fp32", "bf16"],
+        help="speech models: the encoder's dtype (auto: the faster on this machine, measured once and cached)",
+    )
     parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1, help="torch threads for the target (one core each)")

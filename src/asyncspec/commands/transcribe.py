@@ -34,7 +34,7 @@ def load_models(args, kind: type, what: str) -> Iterator[tuple[Decoder, dict[str
     producer process for as2d (closed on exit)."""
     from asyncspec.models.registry import load_decoder
 
-    target = load_decoder(args.model, args.dtype)
+    target = load_decoder(args.model, args.dtype, encoder=getattr(args, "encoder", "auto"))
     if not isinstance(target, kind):
         raise InputError(f"{args.model} is not a {what} model")
     drafters: dict[str, Any] = {}

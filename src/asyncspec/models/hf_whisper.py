@@ -20,6 +20,7 @@ from transformers import (
 from asyncspec.audio import SAMPLE_RATE
 from asyncspec.errors import InputError
 from asyncspec.models.base import DecodeRequest, DecoderState
+from asyncspec.models.encoder_placement import EncoderPlacement, place_encoder
 from asyncspec.models.fixed_shape import CallShape
 from asyncspec.models.forward_whisper import WhisperBlockForward
 from asyncspec.models.kv_backend import DEFAULT_WIDTH, FIXED_SHAPE, KVBackend
@@ -47,9 +48,10 @@ class WhisperBackend(KVBackend):
         self.max_length = config.max_target_positions
         self.eos_ids = frozenset({tokenizer.token_id("<|endoftext|>")})
         self.features = WhisperFeatureExtractor(feature_size=config.num_mel_bins)
-        # The encoder is audio preparation, run once per request outside the decode loop: in fp32
-        # it takes ~1.3 s per 30 s window here, in bf16 ~3.5 s (slow bf16 convolutions on this CPU).
-        # Its output is cast to the decoder's dtype, so every method sees the same encoder state.
+        # The encoder runs once per request, before decoding. Its dtype and threads are chosen by
+        # measurement (`load` places it; models/encoder_placement.py); built directly, it runs in
+        # fp32 on the current threads. Its output is cast to the decoder's dtype.
+        self.encoder_placement: EncoderPlacement | None = None
         model.model.encoder.float()
         self._cache_config = copy.deepcopy(config)
         self._cache_config.num_hidden_layers = config.decoder_layers
@@ -60,14 +62,22 @@ class WhisperBackend(KVBackend):
         self._init_engine(engine, shape)
 
     @classmethod
-    def load(cls, source: str | Path, name: str, dtype: torch.dtype, engine: str = FIXED_SHAPE) -> WhisperBackend:
+    def load(
+        cls, source: str | Path, name: str, dtype: torch.dtype, engine: str = FIXED_SHAPE, encoder: str = "auto"
+    ) -> WhisperBackend:
         model = WhisperForConditionalGeneration.from_pretrained(str(source), dtype=dtype)
         tokenizer_file = Path(source) / "tokenizer.json"
         if tokenizer_file.exists():
             tokenizer = TextTokenizer.from_file(tokenizer_file)
         else:
             tokenizer = TextTokenizer(AutoTokenizer.from_pretrained(str(source)).backend_tokenizer)
-        return cls(model, tokenizer, name, engine=engine)
+        backend = cls(model, tokenizer, name, engine=engine)
+        backend.place_encoder(place_encoder(backend, encoder))
+        return backend
+
+    def place_encoder(self, placement: EncoderPlacement) -> None:
+        self.encoder_placement = placement
+        self.model.model.encoder.to(placement.torch_dtype)
 
     def prompt_ids(self, language: str = "en") -> tuple[int, ...]:
         """Start of transcript, [language, transcribe,] no timestamps."""
@@ -89,7 +99,15 @@ class WhisperBackend(KVBackend):
     def encode_audio(self, audio: np.ndarray) -> torch.Tensor:
         """Encoder output [1, 1500, D] for at most 30 s of 16 kHz audio (padded as Whisper expects)."""
         features = self.features(audio, sampling_rate=SAMPLE_RATE, return_tensors="pt").input_features
-        return self.model.model.encoder(features).last_hidden_state.to(self.dtype)
+        placement, before = self.encoder_placement, torch.get_num_threads()
+        if placement is None:
+            return self.model.model.encoder(features).last_hidden_state.to(self.dtype)
+        torch.set_num_threads(placement.threads)
+        try:
+            encoded = self.model.model.encoder(features.to(placement.torch_dtype)).last_hidden_state
+        finally:
+            torch.set_num_threads(before)
+        return encoded.to(self.dtype)
 
     def prefill(self, request: DecodeRequest, encoded: torch.Tensor | None = None) -> DecoderState:
         if encoded is None:

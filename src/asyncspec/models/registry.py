@@ -47,13 +47,17 @@ def resolve_source(name: str) -> tuple[str, str]:
     )
 
 
-def load_decoder(name: str, dtype: str | torch.dtype = "bf16", engine: str = "fixed-shape") -> Decoder:
+def load_decoder(
+    name: str, dtype: str | torch.dtype = "bf16", engine: str = "fixed-shape", encoder: str = "auto"
+) -> Decoder:
     """A target gets the fixed-shape engine (the default); a drafter may take `engine="transformers"`,
-    whose one-token steps cost less and whose output need not be exact."""
+    whose one-token steps cost less and whose output need not be exact. A speech model's `encoder`
+    is "auto" (dtype and threads measured on this machine), "fp32" or "bf16"."""
     from asyncspec.models.hf_causal import CausalLMBackend
     from asyncspec.models.hf_whisper import WhisperBackend
 
     torch_dtype = parse_dtype(dtype) if isinstance(dtype, str) else dtype
     source, family = resolve_source(name)
-    backend = WhisperBackend if family == "whisper" else CausalLMBackend
-    return backend.load(source, name=name, dtype=torch_dtype, engine=engine)
+    if family == "whisper":
+        return WhisperBackend.load(source, name=name, dtype=torch_dtype, engine=engine, encoder=encoder)
+    return CausalLMBackend.load(source, name=name, dtype=torch_dtype, engine=engine)
