@@ -11,6 +11,7 @@ from asyncspec.benchmarks.ondevice import librivox_windows
 from asyncspec.datasets import librivox_clips
 from asyncspec.decoding.methods import METHODS
 from asyncspec.decoding.result import DecodeConfig
+from asyncspec.models.pre_encoded import PreEncodedTarget
 
 JOINED = ("librivox-10s", "librivox-15s", "librivox-25s")  # one window of each length
 
@@ -23,22 +24,6 @@ def real_windows() -> list[tuple[str, np.ndarray]]:
             seen.add(dataset)
             joined.append((f"{dataset}/{name}", samples))
     return clips + joined
-
-
-class EncodeOnce:
-    """The target with each window's encoder output kept, so four methods pay one encoder pass."""
-
-    def __init__(self, target):
-        self.target, self.encoded = target, {}
-
-    def __getattr__(self, name):
-        return getattr(self.target, name)
-
-    def prefill(self, request):
-        key = id(request.audio)
-        if key not in self.encoded:
-            self.encoded[key] = (request.audio, self.target.encode_audio(request.audio))
-        return self.target.prefill(request, self.encoded[key][1])
 
 
 @pytest.mark.real
@@ -54,7 +39,7 @@ def test_every_method_equals_target_only_on_real_speech(dtype):
         model_dir=str(ct2_model_dir("whisper-tiny.en")), target_tokenizer_json=target.tokenizer.backend.to_str()
     )
     producer = ProducerProcess(spec)
-    cached = EncodeOnce(target)
+    cached = PreEncodedTarget(target)  # four methods, one encoder pass per window
     checked = 0
     try:
         for name, samples in real_windows():

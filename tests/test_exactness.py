@@ -97,7 +97,7 @@ def tiny_models(monkeypatch):
     whisper = {"whisper-base": tiny_whisper(seed=0), "whisper-tiny.en": tiny_whisper(seed=1)}
     causal = {"qwen2.5-coder-1.5b": tiny_causal(seed=0), "qwen2.5-coder-0.5b": tiny_causal(seed=1)}
     models = whisper | causal
-    monkeypatch.setattr("asyncspec.models.registry.load_decoder", lambda name, dtype="bf16": models[name])
+    monkeypatch.setattr("asyncspec.models.registry.load_decoder", lambda name, dtype="bf16", **_: models[name])
     return models
 
 

@@ -57,17 +57,17 @@ def _measure(args, dtype: str, engine: str, windows) -> dict:
     target = load_decoder(args.model, dtype, engine=engine)
     report = invariance(target, use_cache=False)
     print(f"{engine} {dtype}: {report.summary()}", flush=True)
-    encoded = [(target.request(w), target.encode_audio(w)) for w in windows]
+    requests = [target.request(w) for w in windows]
     widths = range(1, args.max_width + 1)
-    call_ms = {k: 1000 * _call_time(target, encoded[0], k, args.repetitions) for k in widths}
-    reference = _throughput(target, None, encoded)
+    call_ms = {k: 1000 * _call_time(target, requests[0], k, args.repetitions) for k in widths}
+    reference = _throughput(target, None, requests)
     result = {"self_test": report.__dict__, "v_ms": call_ms, "target": _figures(reference)}
     if not report.passed:
         result["as2d"] = {"refused": report.first_difference}
         return result
-    as2d = _as2d(target, encoded)
+    as2d = _as2d(target, requests)
     check = ExactnessCheck(target)
-    for (request, _), expected, got in zip(encoded, reference["runs"], as2d["runs"], strict=True):
+    for request, expected, got in zip(requests, reference["runs"], as2d["runs"], strict=True):
         check.check(
             f"{engine} {dtype} window of {len(request.audio) / 16000:.1f} s",
             "as2d",
@@ -84,12 +84,11 @@ def _figures(measured: dict) -> dict:
     return {key: value for key, value in measured.items() if key != "runs"}
 
 
-def _call_time(target, window, width: int, repetitions: int) -> float:
+def _call_time(target, request, width: int, repetitions: int) -> float:
     """Median seconds of one extend of `width` tokens, over OFFSETS and repetitions (one warm-up)."""
-    request, encoded = window
     times = []
     for offset in OFFSETS:
-        state = target.prefill(request, encoded)
+        state = target.prefill(request)
         tokens = [220 + (i % 50) for i in range(offset + width)]
         if offset:
             target.extend(state, tokens[:offset])
@@ -103,31 +102,19 @@ def _call_time(target, window, width: int, repetitions: int) -> float:
     return median(times)
 
 
-class _Prepared:
-    """The target with each window's encoder output already computed (decode time only)."""
-
-    def __init__(self, target, encoded):
-        self.target, self.encoded = target, {id(r.audio): e for r, e in encoded}
-
-    def __getattr__(self, name):
-        return getattr(self.target, name)
-
-    def prefill(self, request):
-        return self.target.prefill(request, self.encoded[id(request.audio)])
-
-
-def _throughput(target, drafter, encoded, method: str = "target") -> dict:
+def _throughput(target, drafter, requests, method: str = "target") -> dict:
+    """Decode throughput (the encoder runs inside each prefill, as in `bench ondevice`, so As²d's
+    producer starts beside it)."""
     from asyncspec.decoding.methods import METHODS
     from asyncspec.decoding.result import DecodeConfig
 
-    prepared = _Prepared(target, encoded)
-    runs = [METHODS[method](prepared, drafter, request, DecodeConfig()) for request, _ in encoded]
+    runs = [METHODS[method](target, drafter, request, DecodeConfig()) for request in requests]
     tokens = sum(len(r.tokens) for r in runs)
     seconds = sum(r.stats.decode_s for r in runs)
     return {"tokens": tokens, "decode_s": round(seconds, 4), "tok_s": round(tokens / seconds, 2), "runs": runs}
 
 
-def _as2d(target, encoded) -> dict:
+def _as2d(target, requests) -> dict:
     from asyncspec.models.offline import ct2_model_dir
     from asyncspec.ondevice.producer import ProducerProcess, ProducerSpec
 
@@ -136,7 +123,7 @@ def _as2d(target, encoded) -> dict:
     )
     producer = ProducerProcess(spec)
     try:
-        return _throughput(target, producer, encoded, method="as2d")
+        return _throughput(target, producer, requests, method="as2d")
     finally:
         producer.close()
 
