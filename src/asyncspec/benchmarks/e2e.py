@@ -169,22 +169,30 @@ def _asyncspec_systems(args, names: list[str]) -> dict:
 
 
 def measure(systems: dict, files: list[BenchFile]) -> dict[str, list]:
-    """(seconds, transcript) per system per file. Each system first transcribes the first file once
-    untimed (first-call allocations are start-up, like the load); then the files in turn, every
-    system on one file before the next, so all of them share the machine's drift."""
+    """(seconds, transcript) per system per file: each system transcribes all the files as one
+    stream, one system after another (run it on a quiet machine). A file's seconds run from the
+    previous file's text to its own, so they sum to the stream's wall time. Just before its stream,
+    each system transcribes the first file once untimed: first-call allocations are start-up, like
+    the load, and reported apart with it."""
+    results: dict[str, list] = {}
     for name, system in systems.items():
         started = time.perf_counter()
         system.transcribe(files[0].path)
         system.warmup_s = time.perf_counter() - started
         print(f"{name}: loaded in {system.load_s:.2f} s, warm-up {system.warmup_s:.2f} s", flush=True)
-    results: dict[str, list] = {name: [] for name in systems}
-    for bench_file in files:
-        for name, system in systems.items():
-            started = time.perf_counter()
-            transcript = system.transcribe(bench_file.path)
-            results[name].append((time.perf_counter() - started, transcript))
-            print(f"{bench_file.path.name} {name}: {results[name][-1][0]:.2f} s  {transcript.text}", flush=True)
+        results[name] = _timed_stream(name, system, files)
     return results
+
+
+def _timed_stream(name: str, system, files: list[BenchFile]) -> list:
+    measured = []
+    last = time.perf_counter()
+    for bench_file, transcript in zip(files, system.transcribe_files([f.path for f in files]), strict=True):
+        now = time.perf_counter()
+        measured.append((now - last, transcript))
+        last = now
+        print(f"{bench_file.path.name} {name}: {measured[-1][0]:.2f} s  {transcript.text}", flush=True)
+    return measured
 
 
 def exactness_check(systems: dict, results: dict[str, list], files: list[BenchFile]) -> ExactnessCheck | None:
@@ -219,13 +227,17 @@ def system_summary(system, measured: list, files: list[BenchFile]) -> dict:
     records = [_file_record(f, seconds, transcript) for f, (seconds, transcript) in zip(files, measured, strict=True)]
     scored = [r for r in records if "words" in r]
     words = sum(r["words"] for r in scored)
-    return {
+    summary = {
         "total_s": round(sum(seconds for seconds, _ in measured), 4),
         "load_s": round(system.load_s, 4),
         "warmup_s": round(system.warmup_s, 4),
         "wer": round(sum(r["errors"] for r in scored) / words, 4) if words else None,
         "files": records,
     }
+    if any(transcript.windows for _, transcript in measured):  # asyncspec's stage split
+        summary["prefill_s"] = round(sum(t.prefill_s for _, t in measured), 4)
+        summary["decode_s"] = round(sum(t.decode_s for _, t in measured), 4)
+    return summary
 
 
 def _file_record(bench_file: BenchFile, seconds: float, transcript) -> dict:

@@ -20,16 +20,24 @@ def cpu_flags() -> list[str]:
 
 
 def ratio_table(report: dict) -> str:
-    """Per system: files, total seconds, load, WER and the total as a multiple of faster-whisper
-    int8's on the same files (below 1: faster than it)."""
+    """Per system: files, total seconds (asyncspec's prefill and decode within it), load and warm-up
+    (apart), WER, and the total as a multiple of faster-whisper int8's on the same files (below 1:
+    faster than it)."""
     systems = report["systems"]
     reference = systems.get(REFERENCE, {}).get("total_s")
-    header = f"{'system':24s} {'files':>5s} {'total s':>8s} {'load s':>7s} {'WER %':>6s} {'× fw-int8':>9s}"
+    header = (
+        f"{'system':24s} {'files':>5s} {'total s':>8s} {'prefill':>8s} {'decode':>8s} {'load s':>7s} "
+        f"{'warm-up':>7s} {'WER %':>6s} {'× fw-int8':>9s}"
+    )
     lines = [header, "-" * len(header)]
     for name, row in systems.items():
         wer = f"{100 * row['wer']:6.2f}" if row["wer"] is not None else f"{'-':>6s}"
         ratio = f"{row['total_s'] / reference:9.2f}" if reference else f"{'-':>9s}"
-        lines.append(f"{name:24s} {len(row['files']):5d} {row['total_s']:8.2f} {row['load_s']:7.2f} {wer} {ratio}")
+        stages = " ".join(f"{row[key]:8.2f}" if key in row else f"{'-':>8s}" for key in ("prefill_s", "decode_s"))
+        lines.append(
+            f"{name:24s} {len(row['files']):5d} {row['total_s']:8.2f} {stages} {row['load_s']:7.2f} "
+            f"{row['warmup_s']:7.2f} {wer} {ratio}"
+        )
     device = report["device"]
     lines.append(
         f"{device['cpu']}, {device['cores']} cores, {report['threads']} threads, "

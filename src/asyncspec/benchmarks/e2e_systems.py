@@ -15,6 +15,7 @@ import json
 import os
 import shutil
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -31,18 +32,32 @@ def faster_whisper_installed() -> bool:
 
 @dataclass
 class Transcript:
-    """One file's output; `windows` holds (request, token ids) per 30 s window where the system
-    exposes its tokens (asyncspec's), for the exactness check."""
+    """One file's output. asyncspec's systems also give (request, token ids) per 30 s window, for
+    the exactness check, and their seconds in prefill (features, encoder, prompt) and decode."""
 
     text: str
     windows: list = field(default_factory=list)
+    prefill_s: float = 0.0
+    decode_s: float = 0.0
 
 
-class AsyncspecSystem:
-    """One decoding method over `asyncspec transcribe`'s path: read the file, split it into 30 s
-    windows, one request per window (encoder, prefill, decode), the tokens as text."""
+class StreamingSystem:
+    """A system transcribes the benchmark's files as one stream, in order, so that a path that
+    overlaps one file's decode with the next file's preparation gets the credit in the total."""
 
     warmup_s = 0.0
+
+    def transcribe(self, path: Path) -> Transcript:
+        raise NotImplementedError
+
+    def transcribe_files(self, paths: list[Path]) -> Iterator[Transcript]:
+        for path in paths:
+            yield self.transcribe(path)
+
+
+class AsyncspecSystem(StreamingSystem):
+    """One decoding method over `asyncspec transcribe`'s path: read the file, split it into 30 s
+    windows, one request per window (encoder, prefill, decode), the tokens as text."""
 
     def __init__(self, method: str, target, drafter, config, load_s: float):
         self.method, self.target, self.drafter, self.config, self.load_s = method, target, drafter, config, load_s
@@ -51,24 +66,25 @@ class AsyncspecSystem:
         from asyncspec.commands.transcribe import file_windows
         from asyncspec.decoding.methods import METHODS
 
-        windows = []
+        transcript = Transcript("")
         for _, window in file_windows([str(path)]):
             request = self.target.request(window.samples)
             result = METHODS[self.method](self.target, self.drafter, request, self.config)
-            windows.append((request, result.tokens))
-        text = " ".join(self.target.tokenizer.decode(tokens).strip() for _, tokens in windows)
-        return Transcript(text.strip(), windows)
+            transcript.windows.append((request, result.tokens))
+            transcript.prefill_s += result.stats.prefill_s
+            transcript.decode_s += result.stats.decode_s
+        texts = (self.target.tokenizer.decode(tokens).strip() for _, tokens in transcript.windows)
+        transcript.text = " ".join(texts).strip()
+        return transcript
 
     def close(self) -> None:
         if self.drafter is not None:
             self.drafter.close()
 
 
-class FasterWhisperSystem:
+class FasterWhisperSystem(StreamingSystem):
     """faster-whisper on the CTranslate2 files of `model`, greedy with no temperature fallback, no
     VAD, no timestamps and no conditioning on earlier windows: the settings asyncspec decodes with."""
-
-    warmup_s = 0.0
 
     def __init__(self, model: str, compute_type: str, threads: int):
         from faster_whisper import WhisperModel
