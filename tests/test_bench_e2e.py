@@ -8,7 +8,8 @@ import shutil
 
 import pytest
 
-from asyncspec.benchmarks.e2e import parse_systems
+from asyncspec.benchmarks import e2e
+from asyncspec.benchmarks.e2e import librivox_files, parse_systems
 from asyncspec.benchmarks.e2e_systems import faster_whisper_installed, vocabulary
 from asyncspec.cli import EXIT_BAD_INPUT, main
 from asyncspec.datasets import librivox_clips
@@ -57,6 +58,24 @@ def test_bench_e2e_refuses_a_missing_audio_directory(tmp_path):
 
 def test_as2d_brings_its_reference():
     assert parse_systems("as2d")[:2] == ["target", "as2d"]
+
+
+def test_without_faster_whisper_the_asyncspec_systems_still_run(monkeypatch, capsys):
+    monkeypatch.setattr(e2e, "faster_whisper_installed", lambda: False)
+    assert parse_systems("target,faster-whisper-int8,as2d,faster-whisper-float32") == ["target", "as2d"]
+    assert "pip install 'asyncspec[bench]'" in capsys.readouterr().err
+
+
+@pytest.mark.real
+def test_default_files_are_the_clips_and_joined_windows_written_as_wav(tmp_path):
+    files = librivox_files(tmp_path)
+    clips = librivox_clips()
+    assert [f.path for f in files[:5]] == [c.path for c in clips]
+    joined = files[5:]
+    assert len(joined) == 10 and all(f.path.parent == tmp_path and f.path.suffix == ".wav" for f in joined)
+    assert all(10 <= f.audio_s <= 30 for f in joined)
+    first = next(f for f in joined if f.path.name == "librivox-10s_0+1.wav")
+    assert first.transcript == f"{clips[0].transcript} {clips[1].transcript}"
 
 
 @pytest.mark.real
