@@ -46,6 +46,7 @@ def test_bench_e2e_times_every_system_and_checks_as2d(one_clip, tmp_path, capsys
     target, as2d = report["systems"]["target"]["files"][0], report["systems"]["as2d"]["files"][0]
     assert as2d["token_ids"] == target["token_ids"] and as2d["text"] == target["text"]
     assert report["exactness"]["passed"] and report["exactness"]["checked"] == 1
+    assert report["encoder"]["dtype"] in ("fp32", "bf16") and report["encoder"]["threads"] >= 1
     assert report["device"]["cpu_flags"] and len(report["device"]["load_average_before"]) == 3
     assert (out / "bench_e2e.png").stat().st_size > 10_000
     assert "× fw-int8" in capsys.readouterr().out

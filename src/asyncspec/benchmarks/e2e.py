@@ -10,7 +10,7 @@ import os
 import sys
 import time
 from contextlib import ExitStack
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -54,6 +54,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--threads", type=int, default=os.cpu_count(), help="threads of every system (all cores)")
     parser.add_argument("--model", default="whisper-base", help="the Whisper weights every system runs")
     parser.add_argument("--dtype", default="bf16", choices=["bf16", "fp32"], help="asyncspec target dtype")
+    parser.add_argument(
+        "--encoder", default="auto", choices=["auto", "fp32", "bf16"], help="asyncspec encoder (auto: measured)"
+    )
     parser.add_argument("--producer", default=None, choices=["ct2-chunk", "autoregressive"], help="as2d producer")
     parser.add_argument("--producer-model", default="whisper-tiny.en", help="as2d: the producer's recogniser")
     parser.add_argument("--chunk-s", type=float, default=None, help="as2d: seconds per chunk (default: deployed)")
@@ -154,10 +157,11 @@ def _asyncspec_systems(args, names: list[str]) -> dict:
     from asyncspec.models.registry import load_decoder
 
     started = time.perf_counter()
-    target = load_decoder(args.model, args.dtype)
+    target = load_decoder(args.model, args.dtype, encoder=args.encoder)
     target_load_s = time.perf_counter() - started
     if not isinstance(target, WhisperBackend):
         raise InputError(f"{args.model} is not a Whisper model")
+    print(f"asyncspec target {args.model} {args.dtype}: {target.encoder_placement.summary()}", flush=True)
     config = DecodeConfig(budget=args.budget, as2d_budget=getattr(args, "as2d_budget", None))
     systems = {"target": AsyncspecSystem("target", target, None, config, target_load_s)}
     if "as2d" in names:
@@ -216,11 +220,18 @@ def build_report(args, files, systems, results, check, load_before) -> dict:
         "device": device | {"load_average_after": os.getloadavg()},
         "model": args.model,
         "dtype": args.dtype,
+        "encoder": _encoder_placement(systems),
         "threads": args.threads,
         "files": [{"file": str(f.path), "audio_s": round(f.audio_s, 3), "transcript": f.transcript} for f in files],
         "systems": {name: system_summary(systems[name], results[name], files) for name in results},
         "exactness": check.as_json() if check is not None else None,
     }
+
+
+def _encoder_placement(systems: dict) -> dict | None:
+    """The asyncspec target's encoder dtype and threads (and the timings that chose them)."""
+    target = systems.get("target")
+    return asdict(target.target.encoder_placement) if target is not None else None
 
 
 def system_summary(system, measured: list, files: list[BenchFile]) -> dict:
