@@ -45,6 +45,9 @@ def test_bench_e2e_times_every_system_and_checks_as2d(one_clip, tmp_path, capsys
         assert row["wer"] is not None and row["wer"] <= 0.2, (name, record["text"])
     target, as2d = report["systems"]["target"]["files"][0], report["systems"]["as2d"]["files"][0]
     assert as2d["token_ids"] == target["token_ids"] and as2d["text"] == target["text"]
+    assert report["systems"]["as2d"]["settings"]["method"] == "as2d"
+    if "faster-whisper-int8" in systems:  # CTranslate2 names the int8 type it runs
+        assert report["systems"]["faster-whisper-int8"]["settings"]["compute_type"].startswith("int8")
     assert report["exactness"]["passed"] and report["exactness"]["checked"] == 1
     assert report["encoder"]["dtype"] in ("fp32", "bf16") and report["encoder"]["threads"] >= 1
     assert report["device"]["cpu_flags"] and len(report["device"]["load_average_before"]) == 3

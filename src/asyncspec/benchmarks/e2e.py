@@ -51,7 +51,7 @@ def add_arguments(parser) -> None:
     )
     parser.add_argument("--out", default="out", help="folder for bench_e2e.json, bench_e2e.png (and joined audio)")
     parser.add_argument("--systems", default=",".join(SYSTEMS), help=f"comma list of: {', '.join(SYSTEMS)}")
-    parser.add_argument("--threads", type=int, default=os.cpu_count(), help="threads of every system (all cores)")
+    parser.add_argument("--threads", type=int, default=_cores(), help="threads of every system (all cores)")
     parser.add_argument("--model", default="whisper-base", help="the Whisper weights every system runs")
     parser.add_argument("--dtype", default="bf16", choices=["bf16", "fp32"], help="asyncspec target dtype")
     parser.add_argument(
@@ -61,6 +61,10 @@ def add_arguments(parser) -> None:
     parser.add_argument("--producer-model", default="whisper-tiny.en", help="as2d: the producer's recogniser")
     parser.add_argument("--chunk-s", type=float, default=None, help="as2d: seconds per chunk (default: deployed)")
     parser.add_argument("--budget", type=int, default=None, help="as2d: proposals per round (default: deployed)")
+
+
+def _cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def run(args) -> int:
@@ -74,7 +78,7 @@ def run(args) -> int:
         systems = load_systems(args, names, stack)
         results = measure(systems, files)
         check = exactness_check(systems, results, files)
-    report = build_report(args, files, systems, results, check, load_before)
+        report = build_report(args, files, systems, results, check, load_before)
     out.mkdir(parents=True, exist_ok=True)
     (out / "bench_e2e.json").write_text(json.dumps(report, indent=1))
     plot(report, out / "bench_e2e.png")
@@ -244,6 +248,7 @@ def system_summary(system, measured: list, files: list[BenchFile]) -> dict:
         "warmup_s": round(system.warmup_s, 4),
         "wer": round(sum(r["errors"] for r in scored) / words, 4) if words else None,
         "files": records,
+        "settings": system.settings(),
     }
     if any(transcript.windows for _, transcript in measured):  # asyncspec's stage split
         summary["prefill_s"] = round(sum(t.prefill_s for _, t in measured), 4)

@@ -47,6 +47,10 @@ class StreamingSystem:
 
     warmup_s = 0.0
 
+    def settings(self) -> dict:
+        """What the JSON records of how this system ran."""
+        return {}
+
     def transcribe(self, path: Path) -> Transcript:
         raise NotImplementedError
 
@@ -61,6 +65,12 @@ class AsyncspecSystem(StreamingSystem):
 
     def __init__(self, method: str, target, drafter, config, load_s: float):
         self.method, self.target, self.drafter, self.config, self.load_s = method, target, drafter, config, load_s
+
+    def settings(self) -> dict:
+        producer = self.drafter.spec if self.drafter is not None else None
+        budget = self.config.budget or self.config.as2d_budget  # None: As²d's default
+        as2d = {"producer": producer.kind, "chunk_s": producer.chunk_s, "budget": budget} if producer else {}
+        return {"method": self.method, "dtype": str(self.target.dtype).removeprefix("torch.")} | as2d
 
     def transcribe(self, path: Path) -> Transcript:
         from asyncspec.commands.transcribe import file_windows
@@ -93,6 +103,15 @@ class FasterWhisperSystem(StreamingSystem):
         started = time.perf_counter()
         self.model = WhisperModel(str(directory), device="cpu", compute_type=compute_type, cpu_threads=threads)
         self.load_s = time.perf_counter() - started
+        self.threads = threads
+
+    def settings(self) -> dict:
+        import ctranslate2
+        import faster_whisper
+
+        versions = {"faster_whisper": faster_whisper.__version__, "ctranslate2": ctranslate2.__version__}
+        # CTranslate2 names the type it actually runs (int8 runs as int8_float32 on this CPU).
+        return {"compute_type": self.model.model.compute_type, "cpu_threads": self.threads} | versions
 
     def transcribe(self, path: Path) -> Transcript:
         segments, _ = self.model.transcribe(
