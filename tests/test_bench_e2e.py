@@ -55,9 +55,11 @@ def test_bench_e2e_times_every_system_and_checks_as2d(one_clip, tmp_path, capsys
     assert "× fw-int8" in capsys.readouterr().out
 
 
-def test_bench_e2e_refuses_a_missing_audio_directory(tmp_path):
+def test_bench_e2e_refuses_bad_input_before_loading_models(tmp_path):
     assert main(["bench", "e2e", "--audio", str(tmp_path / "absent"), "--out", str(tmp_path)]) == EXIT_BAD_INPUT
     assert main(["bench", "e2e", "--systems", "target,whisper.cpp", "--out", str(tmp_path)]) == EXIT_BAD_INPUT
+    (tmp_path / "noise.wav").write_bytes(b"not audio at all")
+    assert main(["bench", "e2e", "--audio", str(tmp_path), "--out", str(tmp_path)]) == EXIT_BAD_INPUT
 
 
 def test_as2d_brings_its_reference():

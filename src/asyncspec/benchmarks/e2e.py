@@ -69,8 +69,8 @@ def _cores() -> int:
 
 def run(args) -> int:
     names = parse_systems(args.systems)
-    if args.threads < 1:
-        raise InputError(f"--threads must be at least 1, got {args.threads}")
+    if args.threads < 1 or (args.budget is not None and args.budget < 1):
+        raise InputError(f"--threads and --budget must be at least 1, got {args.threads} and {args.budget}")
     out = Path(args.out)
     files = bench_files(args.audio, out)
     load_before = os.getloadavg()
@@ -106,14 +106,16 @@ def bench_files(audio_dir: str | None, out: Path) -> list[BenchFile]:
 
 
 def directory_files(directory: Path) -> list[BenchFile]:
-    import soundfile
+    """Every audio file under `directory`, each read and validated before any model loads (a bad
+    file is an input error, never a crash halfway through the run)."""
+    from asyncspec.audio import load_audio
 
     if not directory.is_dir():
         raise InputError(f"{directory}: no such directory")
     paths = sorted(p for p in directory.rglob("*") if p.suffix.lower() in AUDIO_SUFFIXES)
     if not paths:
         raise InputError(f"{directory}: no audio files ({', '.join(sorted(AUDIO_SUFFIXES))})")
-    return [BenchFile(p, soundfile.info(str(p)).duration, _transcript_beside(p)) for p in paths]
+    return [BenchFile(p, len(load_audio(p)) / SAMPLE_RATE, _transcript_beside(p)) for p in paths]
 
 
 def _transcript_beside(path: Path) -> str | None:
