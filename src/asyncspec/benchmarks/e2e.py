@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from asyncspec.audio import SAMPLE_RATE
-from asyncspec.benchmarks.e2e_report import cpu_flags, plot, ratio_table
+from asyncspec.benchmarks.e2e_report import cpu_flags, isa_environment, plot, ratio_table
 from asyncspec.benchmarks.e2e_systems import (
     FASTER_WHISPER_HINT,
     AsyncspecSystem,
@@ -73,12 +73,13 @@ def run(args) -> int:
         raise InputError(f"--threads and --budget must be at least 1, got {args.threads} and {args.budget}")
     out = Path(args.out)
     files = bench_files(args.audio, out)
-    load_before = os.getloadavg()
+    # Before any model loads: the producer process's start sets OMP_NUM_THREADS for itself.
+    before = {"isa_environment": isa_environment(), "load_average_before": os.getloadavg()}
     with ExitStack() as stack:
         systems = load_systems(args, names, stack)
         results = measure(systems, files)
         check = exactness_check(systems, results, files)
-        report = build_report(args, files, systems, results, check, load_before)
+        report = build_report(args, files, systems, results, check, before)
     out.mkdir(parents=True, exist_ok=True)
     (out / "bench_e2e.json").write_text(json.dumps(report, indent=1))
     plot(report, out / "bench_e2e.png")
@@ -218,10 +219,10 @@ def exactness_check(systems: dict, results: dict[str, list], files: list[BenchFi
     return check
 
 
-def build_report(args, files, systems, results, check, load_before) -> dict:
+def build_report(args, files, systems, results, check, before: dict) -> dict:
     from asyncspec.profiling.measure import device_facts
 
-    device = device_facts() | {"cpu_flags": cpu_flags(), "load_average_before": load_before}
+    device = device_facts() | {"cpu_flags": cpu_flags()} | before
     return {
         "device": device | {"load_average_after": os.getloadavg()},
         "model": args.model,

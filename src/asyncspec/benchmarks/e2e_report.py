@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 REFERENCE = "faster-whisper-int8"
@@ -17,6 +18,14 @@ def cpu_flags() -> list[str]:
     line = next((line for line in cpuinfo.read_text().splitlines() if line.startswith("flags")), "")
     flags = line.split(":", 1)[1].split() if ":" in line else []
     return sorted(flag for flag in flags if flag.startswith(ISA_PREFIXES))
+
+
+def isa_environment() -> dict[str, str]:
+    """Variables that cap or steer the math libraries (a run under ONEDNN_MAX_CPU_ISA=AVX512_CORE_VNNI
+    stands for a CPU without bf16; CT2_FORCE_CPU_ISA does the same for CTranslate2), so a report
+    says which machine it actually measured."""
+    prefixes = ("ONEDNN_", "DNNL_", "MKL_", "OMP_", "KMP_", "CT2_", "ATEN_CPU_")
+    return {key: value for key, value in sorted(os.environ.items()) if key.startswith(prefixes)}
 
 
 def ratio_table(report: dict) -> str:
@@ -44,6 +53,8 @@ def ratio_table(report: dict) -> str:
         f"load {_load(device['load_average_before'])} -> {_load(device['load_average_after'])}"
     )
     lines.append("flags: " + " ".join(device["cpu_flags"]))
+    if device["isa_environment"]:
+        lines.append("environment: " + " ".join(f"{k}={v}" for k, v in device["isa_environment"].items()))
     return "\n".join(lines)
 
 
