@@ -35,7 +35,7 @@ $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[dev]'
+	$(PY) -m pip install -q -e '.[dev,bench]'
 	touch $(STAMP)
 
 # The 1.6 GB Qwen2.5-Coder weights for `generate`, the services and the benchmarks (the tests need them).

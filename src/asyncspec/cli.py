@@ -86,11 +86,13 @@ def build_parser() -> argparse.ArgumentParser:
     ondevice.add_argument("--catalog", default=CATALOG, help="--oracle: producers the oracle may pick from")
     _decoding_options(ondevice, "whisper-base", "whisper-tiny.en")
     ondevice.set_defaults(method="sd,specasr,as2d", json=False)
+    from asyncspec.benchmarks import e2e as e2e_bench
     from asyncspec.benchmarks import engines as engines_bench
     from asyncspec.benchmarks import ondemand as ondemand_bench
     from asyncspec.commands import listen
 
     engines_bench.add_arguments(benches.add_parser("engines", help=engines_bench.HELP))
+    e2e_bench.add_arguments(benches.add_parser("e2e", help=e2e_bench.HELP))
 
     bench_cloudedge.add_parsers(benches)
     from asyncspec.commands.profiling_cli import add_profile, add_replay, add_select_budget
@@ -156,6 +158,10 @@ def _dispatch(args: argparse.Namespace) -> int:
         from asyncspec.benchmarks import engines as engines_bench
 
         return engines_bench.run(args)
+    if args.command == "bench" and args.bench == "e2e":
+        from asyncspec.benchmarks import e2e as e2e_bench
+
+        return e2e_bench.run(args)
     if args.command == "bench" and args.bench in ("cloudedge", "correction"):
         return bench_cloudedge.run(args)
     if args.command == "bench":

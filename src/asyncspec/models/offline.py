@@ -193,6 +193,12 @@ def _join_and_check(model: OfflineModel, joined: Path) -> None:
         )
 
 
+def assemble_source(name: str, path: Path) -> None:
+    """A registered model's source file as it ships (joined from its parts), checked against its
+    published SHA-256: for tools that read the shipped format itself (faster-whisper reads CT2)."""
+    _join_and_check(REGISTRY[name], path)
+
+
 def _convert_ct2_whisper(model: OfflineModel, joined: Path, out: Path) -> None:
     import torch
     from transformers import WhisperConfig, WhisperForConditionalGeneration

