@@ -158,11 +158,17 @@ def load_systems(args, names: list[str], stack: ExitStack) -> dict:
 
 
 def _asyncspec_systems(args, names: list[str]) -> dict:
+    import torch
+
     from asyncspec.commands.transcribe import make_producer
     from asyncspec.decoding.result import DecodeConfig
     from asyncspec.models.hf_whisper import WhisperBackend
     from asyncspec.models.registry import load_decoder
 
+    # asyncspec's share of the cores: its decoder runs on one thread (its small per-token ops
+    # only slow down on two), the producer process on another; the encoder takes the threads its
+    # measured placement chose.
+    torch.set_num_threads(1)
     started = time.perf_counter()
     target = load_decoder(args.model, args.dtype, encoder=args.encoder)
     target_load_s = time.perf_counter() - started

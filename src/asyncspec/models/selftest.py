@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from asyncspec.errors import InputError
-from asyncspec.models.base import DecoderState
+from asyncspec.models.base import DecodeRequest, DecoderState
 from asyncspec.models.fixed_shape import StaticKV
 
 ISA_VARIABLES = ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS", "ATEN_CPU_CAPABILITY")
@@ -59,6 +59,8 @@ def probe_tokens(backend, n: int) -> list[int]:
 
 
 def _fresh_state(backend, prompt: list[int], context) -> DecoderState:
+    if not hasattr(backend, "prefill_tokens"):  # any other Decoder: through its public interface
+        return backend.prefill(DecodeRequest(tuple(prompt)))
     state = backend._new_state(len(prompt), context)
     if context is not None:
         state.extras["encoded"] = context
@@ -85,6 +87,8 @@ def _kv_rows(state: DecoderState) -> list[torch.Tensor]:
     cache, length = state.cache, state.length
     if isinstance(cache, StaticKV):
         return [t[:, :length] for t in (*cache.keys, *cache.values)]
+    if not hasattr(getattr(cache, "self_attention_cache", cache), "layers"):
+        return []  # a decoder without a KV cache: its logits are what is compared
     layers = getattr(cache, "self_attention_cache", cache).layers
     return [t[0, :, :length] for layer in layers for t in (layer.keys, layer.values)]
 
@@ -102,10 +106,10 @@ def partitions(width: int, n: int) -> list[list[int]]:
 @torch.inference_mode()
 def check_invariance(backend) -> InvarianceReport:
     started = time.perf_counter()
-    width = backend.call_width or 8
+    width = getattr(backend, "call_width", None) or 8
     n = width + EXTRA_TOKENS
     prompt = probe_prompt(backend)
-    context = backend.probe_context()
+    context = backend.probe_context() if hasattr(backend, "probe_context") else None
     tokens = probe_tokens(backend, n)
     reference, reference_state = _decode_in_blocks(backend, prompt, context, tokens, [1] * n)
     reference_kv = _kv_rows(reference_state)
@@ -124,10 +128,10 @@ def check_invariance(backend) -> InvarianceReport:
         rows_differing=rows_differing,
         kv_positions_differing=kv_differing,
         first_difference=first,
-        engine=backend.engine_name,
-        dtype=str(backend.dtype).removeprefix("torch."),
+        engine=getattr(backend, "engine_name", type(backend).__name__),
+        dtype=str(getattr(backend, "dtype", "")).removeprefix("torch."),
         threads=torch.get_num_threads(),
-        width=backend.call_width,
+        width=getattr(backend, "call_width", None),
         seconds=round(time.perf_counter() - started, 3),
     )
 
@@ -187,9 +191,10 @@ def _cache_file(key: dict) -> Path:
 
 def invariance(backend, use_cache: bool = True) -> InvarianceReport:
     """The backend's verdict: from this process, from the per-machine cache, or measured now."""
-    if backend.invariance is not None:
+    if getattr(backend, "invariance", None) is not None:
         return backend.invariance
-    path = _cache_file(machine_key(backend)) if use_cache else None
+    cacheable = use_cache and hasattr(backend, "_output_weight")  # a verdict is cached per model weights
+    path = _cache_file(machine_key(backend)) if cacheable else None
     report = _read_cached(path)
     if report is None:
         report = check_invariance(backend)
