@@ -52,6 +52,12 @@ def add_arguments(parser) -> None:
     parser.add_argument("--out", default="out", help="folder for bench_e2e.json, bench_e2e.png (and joined audio)")
     parser.add_argument("--systems", default=",".join(SYSTEMS), help=f"comma list of: {', '.join(SYSTEMS)}")
     parser.add_argument("--threads", type=int, default=_cores(), help="threads of every system (all cores)")
+    parser.add_argument(
+        "--order",
+        default="interleaved",
+        choices=["interleaved", "streams"],
+        help="interleaved: file by file, systems in rotating order (fair under load); streams: system by system",
+    )
     parser.add_argument("--model", default="whisper-base", help="the Whisper weights every system runs")
     parser.add_argument("--dtype", default="bf16", choices=["bf16", "fp32"], help="asyncspec target dtype")
     parser.add_argument(
@@ -77,7 +83,7 @@ def run(args) -> int:
     before = {"isa_environment": isa_environment(), "load_average_before": os.getloadavg()}
     with ExitStack() as stack:
         systems = load_systems(args, names, stack)
-        results = measure(systems, files)
+        results = measure(systems, files, interleaved=args.order == "interleaved")
         check = exactness_check(systems, results, files)
         report = build_report(args, files, systems, results, check, before)
     out.mkdir(parents=True, exist_ok=True)
@@ -185,20 +191,30 @@ def _asyncspec_systems(args, names: list[str]) -> dict:
     return systems
 
 
-def measure(systems: dict, files: list[BenchFile]) -> dict[str, list]:
-    """(seconds, transcript) per system per file: each system transcribes all the files as one
-    stream, one system after another (run it on a quiet machine). A file's seconds run from the
-    previous file's text to its own, so they sum to the stream's wall time. Just before its stream,
-    each system transcribes the first file once untimed: first-call allocations are start-up, like
-    the load, and reported apart with it."""
-    results: dict[str, list] = {}
+def measure(systems: dict, files: list[BenchFile], interleaved: bool = True) -> dict[str, list]:
+    """(seconds, transcript) per system per file. Each system first transcribes the first file once
+    untimed: first-call allocations are start-up, like the load, and reported apart with it.
+
+    Interleaved (the default): file by file, every system in turn, the order rotating per file, so
+    a shared machine's drifting load falls on all systems alike. Streams: each system transcribes
+    all files as one stream, one system after another; a file's seconds run from the previous
+    file's text to its own, so a path that overlaps files would get the credit (a quiet machine)."""
     for name, system in systems.items():
         started = time.perf_counter()
         system.transcribe(files[0].path)
         system.warmup_s = time.perf_counter() - started
         print(f"{name}: loaded in {system.load_s:.2f} s, warm-up {system.warmup_s:.2f} s", flush=True)
-        results[name] = _timed_stream(name, system, files)
-    return results
+    if not interleaved:
+        return {name: _timed_stream(name, system, files) for name, system in systems.items()}
+    results: dict[str, list] = {name: [] for name in systems}
+    names = list(systems)
+    for index, bench_file in enumerate(files):
+        for name in names[index % len(names) :] + names[: index % len(names)]:
+            started = time.perf_counter()
+            transcript = systems[name].transcribe(bench_file.path)
+            results[name].append((time.perf_counter() - started, transcript))
+            print(f"{bench_file.path.name} {name}: {results[name][-1][0]:.2f} s  {transcript.text}", flush=True)
+    return {name: results[name] for name in systems}
 
 
 def _timed_stream(name: str, system, files: list[BenchFile]) -> list:
@@ -235,6 +251,7 @@ def build_report(args, files, systems, results, check, before: dict) -> dict:
         "dtype": args.dtype,
         "encoder": _encoder_placement(systems),
         "threads": args.threads,
+        "order": args.order,
         "files": [{"file": str(f.path), "audio_s": round(f.audio_s, 3), "transcript": f.transcript} for f in files],
         "systems": {name: system_summary(systems[name], results[name], files) for name in results},
         "exactness": check.as_json() if check is not None else None,

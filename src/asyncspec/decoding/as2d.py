@@ -9,6 +9,7 @@ target never waits for the producer.
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from typing import Protocol
 
 import numpy as np
@@ -47,7 +48,8 @@ def decode_as2d(
     # The request arrives: drafting starts now, never before, and runs on its own core while the
     # target encodes the audio and prefills its prompt (it reads only the audio, never target state).
     buffer = drafter.start(request.audio)
-    with trace.stage("prefill"):
+    sharing = getattr(target, "sharing_cores", None)  # a speech target's encoder leaves the producer its core
+    with trace.stage("prefill"), sharing() if sharing else nullcontext():
         state = target.prefill(request)
     stats.prefill_s = trace.now()
     root, cursor = target.greedy(state.next_logits)[0], 0

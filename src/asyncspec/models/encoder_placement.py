@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import torch
 
@@ -26,7 +26,14 @@ class EncoderPlacement:
     dtype: str  # "fp32" or "bf16"
     threads: int
     measured_ms: dict[str, float]  # "bf16x2" -> median ms of one 30 s window; empty when not measured
+    # the chosen dtype's output is bitwise the same on every thread count tried, so a method that
+    # runs a producer beside the target may give the encoder fewer threads without changing it
+    thread_invariant: bool = False
     cached: bool = False
+
+    def threads_beside(self, busy_cores: int) -> int:
+        """Threads for the encoder while `busy_cores` cores run other work (As²d's producer)."""
+        return max(1, self.threads - busy_cores) if self.thread_invariant else self.threads
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -63,6 +70,21 @@ def measure(encoder: torch.nn.Module, features: torch.Tensor) -> dict[str, float
     return timings
 
 
+@torch.inference_mode()
+def same_on_every_thread_count(encoder: torch.nn.Module, dtype: torch.dtype, mels: int) -> bool:
+    """One seeded pseudo-random window through the encoder on each candidate thread count."""
+    features = torch.randn(1, mels, 3000, generator=torch.Generator().manual_seed(5)).to(dtype)
+    encoder.to(dtype)
+    outputs, before = [], torch.get_num_threads()
+    try:
+        for threads in thread_candidates():
+            torch.set_num_threads(threads)
+            outputs.append(encoder(features).last_hidden_state)
+    finally:
+        torch.set_num_threads(before)
+    return all(torch.equal(outputs[0], other) for other in outputs[1:])
+
+
 def fastest(timings: dict[str, float]) -> tuple[str, int]:
     name = min(timings, key=timings.get)
     dtype, threads = name.split("x")
@@ -75,18 +97,19 @@ def place_encoder(backend, choice: str = "auto", remeasure: bool = False) -> Enc
     if choice not in ("auto", *ENCODER_DTYPES):
         raise ValueError(f"unknown encoder choice {choice!r}; use auto, fp32 or bf16")
     path = _cache_file(backend)
-    cached = None if remeasure else _read(path)
-    if cached is None:
-        features = torch.zeros(1, backend.model.config.num_mel_bins, 3000)
-        timings = measure(backend.model.model.encoder, features)
-        dtype, threads = fastest(timings)
-        cached = EncoderPlacement(dtype, threads, timings)
+    measured = None if remeasure else _read(path)
+    if measured is None:
+        mels, encoder = backend.model.config.num_mel_bins, backend.model.model.encoder
+        timings = measure(encoder, torch.zeros(1, mels, 3000))
+        invariant = {name: same_on_every_thread_count(encoder, dtype, mels) for name, dtype in ENCODER_DTYPES.items()}
+        measured = {"measured_ms": timings, "thread_invariant": invariant, "cached": False}
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(asdict(cached)))
+        path.write_text(json.dumps({**measured, "cached": True}))
+    timings = measured["measured_ms"]
     if choice != "auto":
-        pinned = {k: v for k, v in cached.measured_ms.items() if k.startswith(choice + "x")}
-        return EncoderPlacement(choice, fastest(pinned)[1], pinned, cached.cached)
-    return cached
+        timings = {k: v for k, v in timings.items() if k.startswith(choice + "x")}
+    dtype, threads = fastest(timings)
+    return EncoderPlacement(dtype, threads, timings, measured["thread_invariant"][dtype], measured["cached"])
 
 
 def _cache_file(backend):
@@ -100,10 +123,14 @@ def _cache_file(backend):
     return cache_root() / "placement" / f"{digest}.json"
 
 
-def _read(path) -> EncoderPlacement | None:
+def _read(path) -> dict | None:
+    """The cached measurement, or None when absent or damaged (then it is measured again)."""
     if not path.is_file():
         return None
     try:
-        return EncoderPlacement(**{**json.loads(path.read_text()), "cached": True})
-    except (ValueError, TypeError):
-        return None
+        measured = json.loads(path.read_text())
+        if set(measured["thread_invariant"]) == set(ENCODER_DTYPES) and measured["measured_ms"]:
+            return measured
+    except (ValueError, TypeError, KeyError):
+        pass
+    return None
