@@ -201,3 +201,29 @@ def test_festival_development_set(tmp_path):
     paths = synthesize_dev_set(tmp_path)
     assert len(paths) == 12
     assert all(5.0 < len(load_audio(path)) / 16000 < 30.0 for path in paths)
+
+
+def test_the_producer_starts_when_the_request_arrives_before_the_target_prefills():
+    """Drafting begins at the request's arrival, beside the target's encoder and prompt prefill;
+    it reads only the audio (the decoupling invariant), so starting early changes no output."""
+    target, request, truth = whisper_case(1)
+    events = []
+
+    class RecordingTarget:
+        def __getattr__(self, name):
+            return getattr(target, name)
+
+        def prefill(self, request):
+            events.append("target prefill")
+            return target.prefill(request)
+
+    class RecordingProducer(ScriptedProducer):
+        def start(self, audio):
+            events.append("producer start")
+            assert audio is request.audio  # the audio, nothing of the target's
+            return super().start(audio)
+
+    result = METHODS["as2d"](RecordingTarget(), RecordingProducer(truth), request, DecodeConfig())
+    assert events == ["producer start", "target prefill"]
+    assert result.tokens == truth
+    assert result.stats.extra["producer_messages_before_end"] == 0
