@@ -39,7 +39,8 @@ class ClientFront:
 
     def __init__(self, address: str, tokenizer, context: zmq.Context | None = None):
         context = context or zmq.Context.instance()
-        self.channel = Channel(make_socket(context, zmq.ROUTER, address, bind=True), TrafficCounters())
+        socket = make_socket(context, zmq.ROUTER, address, bind=True)
+        self.channel = Channel(socket, TrafficCounters(), self._rejected)
         self.socket = self.channel.socket
         self.tokenizer = tokenizer
 
@@ -70,8 +71,13 @@ class ClientFront:
                     self.channel.send(wire.Failed(message.tag, event["message"]), identity)
 
             gateway.submit(ids, message.max_new_tokens, sampling, message.eps_req, emit)
-        except ValueError as error:
+        except Exception as error:  # bad options or a tokenizer failure: this request fails, the edge goes on
             self.channel.send(wire.Failed(message.tag, str(error)), identity)
+
+    def _rejected(self, identity: bytes | None, error: wire.ProtocolError) -> None:
+        """A Generate whose fields failed their checks gets a Failed reply that says why."""
+        if identity is not None and isinstance(error.message, wire.Generate):
+            self.channel.send(wire.Failed(error.message.tag, str(error)), identity)
 
     def close(self) -> None:
         self.channel.close()

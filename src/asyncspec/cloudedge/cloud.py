@@ -27,6 +27,7 @@ import zmq
 from transformers import DynamicCache
 
 from asyncspec.cloudedge import protocol as wire
+from asyncspec.cloudedge import validation
 from asyncspec.cloudedge.transport import Channel, TrafficCounters, make_socket
 from asyncspec.models.base import DecodeRequest, DecoderState
 from asyncspec.models.batched import extend_batch
@@ -43,6 +44,7 @@ class CloudConfig:
     batch_wait_s: float = 0.0  # wait up to this long for more blocks before a forward (0: form from what is queued)
     decision_cache: int = 65_536  # cached replies for duplicates and retransmissions
     first_k_cap: int = 4096  # largest top-K accepted in an Open
+    max_block: int = 64  # candidates per block: the verification width (fp32 logits [n + 1, V] per block)
     idle_request_s: float = 900.0  # a request not heard of this long (its edge is gone) is dropped
     poll_ms: int = 20
 
@@ -68,6 +70,8 @@ class CloudCounters:
     corrections: Counter = field(default_factory=Counter)  # kind -> queries answered
     pings: int = 0
     idle_dropped: int = 0
+    invalid_frames: int = 0  # frames that failed the protocol's field checks
+    request_errors: int = 0  # requests failed by an error while serving them (the service goes on)
     forward_s: float = 0.0
 
     def as_dict(self) -> dict:
@@ -131,7 +135,7 @@ class CloudVerifier:
 
     def serve(self, address: str, should_stop: Callable[[], bool], on_ready: Callable[[], None] = lambda: None) -> None:
         context = zmq.Context.instance()
-        self.channel = Channel(make_socket(context, zmq.ROUTER, address, bind=True), self.traffic)
+        self.channel = Channel(make_socket(context, zmq.ROUTER, address, bind=True), self.traffic, self._invalid_frame)
         poller = zmq.Poller()
         poller.register(self.channel.socket, zmq.POLLIN)
         on_ready()
@@ -142,10 +146,19 @@ class CloudVerifier:
                     self._drain(poller)
                 if self.queue:
                     self._wait_for_more(poller)
-                    self.run_batch()
+                    self._run_batch_guarded()
                 self._drop_idle()
         finally:
             self.channel.close()
+
+    def _run_batch_guarded(self) -> None:
+        """A batch whose forward fails is lost, not the service: its blocks go unanswered, their
+        edges retransmit, and the error is counted (per-block errors are contained in run_batch)."""
+        try:
+            self.run_batch()
+        except Exception as error:
+            self.counters.request_errors += 1
+            print(f"asyncspec cloud: a verification batch failed: {type(error).__name__}: {error}", flush=True)
 
     def _drop_idle(self) -> None:
         now = time.monotonic()
@@ -171,7 +184,34 @@ class CloudVerifier:
             if poller.poll(max(1, int((deadline - time.monotonic()) * 1000))):
                 self._drain(poller)
 
+    def _invalid_frame(self, identity: bytes | None, error: wire.ProtocolError) -> None:
+        """A frame that failed its field checks: answer the request it names, so the edge learns why."""
+        self.counters.invalid_frames += 1
+        message = error.message
+        request = wire.request_of(message) if message is not None else None
+        if identity is not None and request is not None:
+            base = message.id.base if hasattr(message, "id") else 0
+            self._nack(identity, request, base, "invalid", str(error))
+
     def handle(self, identity: bytes, message: wire.Message) -> None:
+        """One message; an error while serving it fails its request only (Nack "invalid"), never the loop."""
+        try:
+            self._dispatch(identity, message)
+        except Exception as error:  # a defect or an input no check foresaw: contain it to its request
+            self._request_failed(identity, message, error)
+
+    def _request_failed(self, identity: bytes, message: wire.Message, error: Exception) -> None:
+        self.counters.request_errors += 1
+        request = wire.request_of(message)
+        if request is None:
+            return
+        self.requests.pop(request, None)
+        self._forget_replies(request)
+        base = message.id.base if hasattr(message, "id") else 0
+        detail = f"the cloud failed this request: {type(error).__name__}: {error}"
+        self._nack(identity, request, base, "invalid", detail)
+
+    def _dispatch(self, identity: bytes, message: wire.Message) -> None:
         handlers = {
             wire.Block: self._admit,
             wire.Open: self._open,
@@ -196,9 +236,9 @@ class CloudVerifier:
                 self.replies.popitem(last=False)
         self.channel.send_frame(frame, message, identity)
 
-    def _nack(self, identity: bytes, request: int, base: int, reason: str) -> None:
+    def _nack(self, identity: bytes, request: int, base: int, reason: str, detail: str = "") -> None:
         self.counters.nacks[reason] += 1
-        self._send(identity, wire.Nack(request, base, reason))
+        self._send(identity, wire.Nack(request, base, reason, detail[:500]))
 
     def _resend_cached(self, identity: bytes, key: tuple) -> bool:
         if key not in self.replies:
@@ -221,14 +261,10 @@ class CloudVerifier:
         if existing is not None and message.epoch <= existing.epoch:
             self.counters.stale_opens += 1  # a duplicated or late Open: the request has moved on
             return
-        bad = (
-            not 0 <= message.prompt_len <= len(tokens) + 1
-            or len(tokens) + 1 > self.target.max_length
-            or any(t >= self.target.vocab_size for t in tokens)
-            or not 0 <= message.first_k <= self.config.first_k_cap
-        )
-        if bad:
-            self._nack(identity, message.request, len(tokens) + 1, "invalid")
+        target = self.target
+        problem = validation.open_problem(message, target.vocab_size, target.max_length, self.config.first_k_cap)
+        if problem:
+            self._nack(identity, message.request, len(tokens) + 1, "invalid", problem)
             return
         self.counters.opens += 1
         if existing is not None:  # a resynchronisation: the open block will be verified afresh
@@ -289,26 +325,24 @@ class CloudVerifier:
                 return True
         return False
 
-    def _problem(self, block: wire.Block) -> str | None:
-        """Why this block cannot be verified against its request's confirmed prefix (None: it can)."""
+    def _problem(self, block: wire.Block) -> tuple[str, str] | None:
+        """Why this block cannot be verified against its request's confirmed prefix: (Nack reason,
+        detail), or None when it can."""
         request = self.requests.get(block.id.request)
         if request is None:
-            return "unknown"
+            return "unknown", ""
         if block.id.config != request.sampling.digest():
-            return "invalid"
-        candidates = wire.unpack_ids(block.candidates)
-        if block.id.base + len(candidates) > self.target.max_length:
-            return "invalid"
-        if any(t >= self.target.vocab_size for t in [block.root, *candidates]):
-            return "invalid"
-        if block.q_full and len(block.q_full) != 4 * len(candidates) * self.target.vocab_size:
-            return "invalid"
+            return "invalid", "the block's sampling digest differs from its request's"
+        target, sampled = self.target, not request.sampling.greedy
+        problem = validation.block_problem(block, sampled, target.vocab_size, target.max_length, self.config.max_block)
+        if problem:
+            return "invalid", problem
         if request.state.length < block.id.base - 1:
-            return "unknown"  # the edge is ahead of what this cloud holds: resynchronise
+            return "unknown", ""  # the edge is ahead of what this cloud holds: resynchronise
         if request.state.length > block.id.base - 1:
-            return "stale"
+            return "stale", ""
         if request.expected_root is not None and block.root != request.expected_root:
-            return "stale"
+            return "stale", ""
         return None
 
     def _take_batch(self) -> list[tuple[bytes, wire.Block]]:
@@ -324,7 +358,7 @@ class CloudVerifier:
                 continue
             problem = self._problem(block)
             if problem:
-                self._nack(identity, block.id.request, block.id.base, problem)
+                self._nack(identity, block.id.request, block.id.base, *problem)
                 continue
             batch.append((identity, block))
             requests.add(block.id.request)
@@ -347,12 +381,18 @@ class CloudVerifier:
         self.counters.largest_batch = max(self.counters.largest_batch, len(batch))
         self.counters.batch_sizes[len(batch)] += 1
         for (identity, block), request, logits in zip(batch, requests, all_logits, strict=True):
-            self.counters.positions_verified += logits.shape[0]
-            verdict = self._decide(block, request, logits)
-            keep = block.id.base + verdict.accepted
-            if request.state.length > keep:
-                self.target.rollback(request.state, keep)
-            self._send(identity, verdict, block.id.key())
+            try:
+                self._answer(identity, block, request, logits)
+            except Exception as error:  # fails this block's request only; the batch's others are answered
+                self._request_failed(identity, block, error)
+
+    def _answer(self, identity: bytes, block: wire.Block, request: CloudRequest, logits: torch.Tensor) -> None:
+        self.counters.positions_verified += logits.shape[0]
+        verdict = self._decide(block, request, logits)
+        keep = block.id.base + verdict.accepted
+        if request.state.length > keep:
+            self.target.rollback(request.state, keep)
+        self._send(identity, verdict, block.id.key())
 
     def _decide(self, block: wire.Block, request: CloudRequest, logits: torch.Tensor) -> wire.Verdict:
         """logits [n + 1, V]: row i predicts the token after root, c1, ..., ci."""

@@ -24,6 +24,7 @@ import torch
 import zmq
 
 from asyncspec.cloudedge import protocol as wire
+from asyncspec.cloudedge import validation
 from asyncspec.cloudedge.correction import Ask, CorrectionSession, Decided, FidelityBudget
 from asyncspec.cloudedge.policy import EdgePolicy
 from asyncspec.cloudedge.requests import EdgeRequest, Emit, OpenBlock
@@ -50,6 +51,9 @@ class EdgeCounters:
     invalidated_tokens: int = 0
     promoted_blocks: int = 0  # runahead blocks whose presumption held
     max_open_blocks: int = 0  # most blocks of one request open at once
+    request_errors: int = 0  # requests failed by an error while serving them (the edge goes on)
+    cancelled: int = 0  # requests their client abandoned (an HTTP client that disconnected)
+    invalid_replies: int = 0  # cloud replies that failed their checks (their request fails)
 
     def as_dict(self) -> dict:
         out = dict(self.__dict__)
@@ -70,6 +74,7 @@ class EdgeGateway:
         self.cloud_address = cloud_address
         self.policy = policy or EdgePolicy()
         self.inbox: queue.Queue = queue.Queue()
+        self.cancellations: queue.Queue = queue.Queue()  # request ids whose clients went away
         self.waiting: deque[EdgeRequest] = deque()
         self.requests: dict[int, EdgeRequest] = {}
         self.ready: deque[int] = deque()
@@ -93,8 +98,11 @@ class EdgeGateway:
     def submit(self, prompt_ids, max_new_tokens: int, sampling: wire.Sampling, eps_req: float, emit: Emit) -> int:
         if not prompt_ids:
             raise ValueError("the prompt is empty")
-        if eps_req < 0 or max_new_tokens < 1:
-            raise ValueError("eps_req must be >= 0 and max_new_tokens >= 1")
+        if not 0 <= eps_req <= 1 or max_new_tokens < 1:
+            raise ValueError("eps_req must be within [0, 1] and max_new_tokens >= 1")
+        problem = validation.sampling_problem(sampling.temperature, sampling.seed)
+        if problem:
+            raise ValueError(problem)
         with self.id_lock:
             self.next_id += 1
             request_id = self.next_id
@@ -105,10 +113,14 @@ class EdgeGateway:
             max_new_tokens,
             FidelityBudget(eps_req),
             emit,
-            make_generator(sampling.seed + 0x5EED),  # the edge's own stream, independent of the cloud's
+            make_generator((sampling.seed + 0x5EED) % 2**64),  # the edge's own stream, independent of the cloud's
         )
         self.inbox.put(request)
         return request_id
+
+    def cancel(self, request_id: int) -> None:
+        """Abandon a request (any thread): its drafting stops and the cloud frees its state."""
+        self.cancellations.put(request_id)
 
     # ------------------------------------------------------------ service loop
 
@@ -118,13 +130,23 @@ class EdgeGateway:
         on_ready()
         try:
             while not should_stop():
-                self.step(client)
+                self._step_guarded(client)
         finally:
             for request in list(self.requests.values()) + list(self.waiting):
                 self._fail(request, "the edge is shutting down")
             self.channel.close()
             if client is not None:
                 client.close()
+
+    def _step_guarded(self, client) -> None:
+        """Errors inside a request are contained where they happen; anything that still escapes a
+        step is counted and reported, and the loop goes on rather than failing every request."""
+        try:
+            self.step(client)
+        except Exception as error:
+            self.counters.request_errors += 1
+            print(f"asyncspec edge: a service step failed: {type(error).__name__}: {error}", flush=True)
+            time.sleep(0.01)  # a fault that repeats every step must not spin a core
 
     def step(self, client=None) -> None:
         self._admit()
@@ -146,7 +168,15 @@ class EdgeGateway:
     def _connect(self) -> None:
         if self.channel is not None:
             self.channel.close()
-        self.channel = Channel(make_socket(self.context, zmq.DEALER, self.cloud_address, bind=False), self.traffic)
+        socket = make_socket(self.context, zmq.DEALER, self.cloud_address, bind=False)
+        self.channel = Channel(socket, self.traffic, self._rejected_reply)
+
+    def _rejected_reply(self, identity: bytes | None, error: wire.ProtocolError) -> None:
+        """A cloud reply that failed its checks: its request cannot be trusted to go on."""
+        self.counters.invalid_replies += 1
+        request = self.requests.get(wire.request_of(error.message)) if error.message is not None else None
+        if request is not None:
+            self._fail(request, f"the cloud sent an invalid reply ({error})")
 
     def _drain_cloud(self, limit: int = 1000) -> None:
         for _ in range(limit):
@@ -157,7 +187,18 @@ class EdgeGateway:
                 continue
             self.last_heard = time.monotonic()
             self.unanswered_since = None
-            self._handle(received[1])
+            self._handle_guarded(received[1])
+
+    def _handle_guarded(self, message: wire.Message) -> None:
+        try:
+            self._handle(message)
+        except Exception as error:  # contained to the request the reply is about
+            self._request_error(self.requests.get(wire.request_of(message)), error)
+
+    def _request_error(self, request: EdgeRequest | None, error: Exception) -> None:
+        self.counters.request_errors += 1
+        if request is not None:
+            self._fail(request, f"the edge failed this request: {type(error).__name__}: {error}")
 
     def _send(self, message: wire.Message, request: EdgeRequest | None = None) -> None:
         size = self.channel.send(message)
@@ -167,6 +208,20 @@ class EdgeGateway:
                 request.stats.block_bytes += size
 
     # ------------------------------------------------------------ admission
+
+    def _drop_cancelled(self) -> None:
+        while True:
+            try:
+                request_id = self.cancellations.get_nowait()
+            except queue.Empty:
+                return
+            request = self.requests.get(request_id) or next((r for r in self.waiting if r.id == request_id), None)
+            if request is None:
+                continue  # it had already finished
+            self.counters.cancelled += 1
+            if request in self.waiting:
+                self.waiting.remove(request)
+            self._fail(request, "cancelled by the client")
 
     def _admit(self) -> None:
         while True:
@@ -179,12 +234,17 @@ class EdgeGateway:
                 self._fail(request, "the edge is overloaded (too many waiting requests)")
             else:
                 self.waiting.append(request)
+        self._drop_cancelled()  # after the inbox: a cancel may follow its submission closely
         if self.fatal:
             for request in list(self.waiting):
                 self._fail(request, self.fatal)
             self.waiting.clear()
         while self.cloud is not None and self.waiting and len(self.requests) < self.policy.max_active:
-            self._start(self.waiting.popleft())
+            request = self.waiting.popleft()
+            try:
+                self._start(request)
+            except Exception as error:  # e.g. the drafter's prefill: this request fails, not the edge
+                self._request_error(request, error)
 
     def _start(self, request: EdgeRequest) -> None:
         request.stats.started = time.monotonic()
@@ -232,7 +292,11 @@ class EdgeGateway:
         if request is None:
             return
         start = time.perf_counter()
-        block = self._draft_block(request, ahead=request.open is not None)
+        try:
+            block = self._draft_block(request, ahead=request.open is not None)
+        except Exception as error:  # the drafter failed on this request's input: fail it alone
+            self._request_error(request, error)
+            return
         elapsed = time.perf_counter() - start
         request.stats.draft_s += elapsed
         if block is not None:
@@ -302,6 +366,12 @@ class EdgeGateway:
             self._pong(message)
             return
         request = self.requests.get(wire.request_of(message))
+        problem = validation.reply_problem(message, self.drafter.vocab_size)
+        if problem:
+            self.counters.invalid_replies += 1
+            if request is not None:
+                self._fail(request, f"the cloud sent an invalid reply ({problem})")
+            return
         if isinstance(message, wire.Verdict):
             self._verdict(request, message)
         elif isinstance(message, wire.Correction):
@@ -408,7 +478,8 @@ class EdgeGateway:
         if nack.reason == "busy":
             request.open.retry_at = time.monotonic() + self.policy.busy_retry_s
         elif nack.reason == "invalid":
-            self._fail(request, "the cloud rejected the request as invalid")
+            detail = f": {nack.detail}" if nack.detail else ""
+            self._fail(request, f"the cloud rejected the request as invalid{detail}")
         else:
             self._resync(request)
 

@@ -4,6 +4,7 @@ frame that does not decode is dropped and counted, never raised into the service
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import zmq
@@ -51,13 +52,20 @@ def make_socket(context: zmq.Context, kind: int, address: str, bind: bool) -> zm
     return socket
 
 
-class Channel:
-    """A socket plus counters. ROUTER sockets address peers by identity; DEALERs pass None."""
+Rejected = Callable[[bytes | None, ProtocolError], None]
 
-    def __init__(self, socket: zmq.Socket, counters: TrafficCounters | None = None):
+
+class Channel:
+    """A socket plus counters. ROUTER sockets address peers by identity; DEALERs pass None.
+    `on_rejected(identity, error)` hears of every frame that failed its checks (to answer it)."""
+
+    def __init__(
+        self, socket: zmq.Socket, counters: TrafficCounters | None = None, on_rejected: Rejected | None = None
+    ) -> None:
         self.socket = socket
         self.router = socket.type == zmq.ROUTER
         self.counters = counters or TrafficCounters()
+        self.on_rejected = on_rejected
 
     def send(self, message: Message, identity: bytes | None = None) -> int:
         return self.send_frame(encode(message), message, identity)
@@ -89,8 +97,10 @@ class Channel:
             return None
         try:
             message = decode(parts[-1])
-        except ProtocolError:
+        except ProtocolError as error:
             self.counters.malformed += 1
+            if self.on_rejected is not None:
+                self.on_rejected(identity, error)
             return None
         name = type(message).__name__
         self.counters.received_bytes[name] += len(parts[-1])

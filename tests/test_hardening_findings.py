@@ -1,0 +1,83 @@
+"""Each finding of issue 15, reproduced against live services: one hostile frame or request must
+get a clear error (a Nack or a Failed reply), and the services must go on serving exact results."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from asyncspec.cloudedge import protocol as wire
+from cloudedge_support import model_pair, run_requests
+from hardening_support import RawPeer, expected_tokens, live_services, normal_request_is_exact
+
+HUGE_SEED = 2**63
+
+
+@pytest.fixture(scope="module")
+def pair():
+    return model_pair(noise=0.3)
+
+
+@pytest.fixture(scope="module")
+def live(pair):
+    target, drafter = pair
+    with live_services(target, drafter) as services:
+        yield services
+
+
+@pytest.fixture(scope="module")
+def expected(pair):
+    return expected_tokens(pair[0])
+
+
+def open_frame(request: int, temperature: float = 0.0, seed: int = 0, tokens=(3, 4)) -> wire.Open:
+    return wire.Open(request, wire.pack_ids(list(tokens)), len(tokens), temperature, seed, 4, 0)
+
+
+def nack_for(peer: RawPeer, request: int) -> wire.Nack | None:
+    for message in peer.replies(until=lambda m: isinstance(m, wire.Nack) and m.request == request):
+        if isinstance(message, wire.Nack) and message.request == request:
+            return message
+    return None
+
+
+def test_a_sampled_block_without_q_gets_a_nack_and_the_cloud_goes_on(live, pair, expected):
+    peer = RawPeer(live.cloud_address)
+    sampling = wire.Sampling(1.0, 5)
+    peer.send_message(open_frame(901, 1.0, 5, tokens=(3, 4)))
+    block = wire.Block(wire.BlockId(901, 3, 2, sampling.digest()), 5, wire.pack_ids([6, 7]), b"")
+    peer.send_message(block)
+    nack = nack_for(peer, 901)
+    peer.close()
+    assert nack is not None and nack.reason == "invalid"
+    assert live.alive() and normal_request_is_exact(live, pair[0], expected)
+
+
+@pytest.mark.parametrize("temperature, seed", [(1.0, -1), (math.nan, 0), (math.inf, 0), (-1.0, 0), (1e-45, 0)])
+def test_an_open_with_a_bad_seed_or_temperature_gets_a_nack(live, pair, expected, temperature, seed):
+    peer = RawPeer(live.cloud_address)
+    peer.send_message(open_frame(902, temperature, seed))
+    nack = nack_for(peer, 902)
+    peer.close()
+    assert nack is not None and nack.reason == "invalid"
+    assert "temperature" in nack.detail or "seed" in nack.detail
+    assert live.alive() and normal_request_is_exact(live, pair[0], expected)
+
+
+@pytest.mark.parametrize("seed", [HUGE_SEED, 2**64 - 1])
+def test_seeds_are_unsigned_64_bit_values_end_to_end(live, seed):
+    """Seeds >= 2**63 broke the digest (struct "<q") on the cloud and the edge; they are valid seeds."""
+    [result] = run_requests(live.gateway, [[3, 4, 5]], 6, wire.Sampling(1.0, seed))
+    assert result["type"] == "done" and len(result["tokens"]) >= 1
+
+
+@pytest.mark.parametrize("temperature, seed", [(1e39, 0), (1.0, -5), (math.nan, 0), (1e-45, 0)])
+def test_a_generate_with_a_bad_seed_or_temperature_fails_only_itself(live, pair, expected, temperature, seed):
+    peer = RawPeer(live.client_address)
+    peer.send_message(wire.Generate(77, "w3 w4", 4, temperature, seed, 0.0))
+    replies = peer.replies(until=lambda m: isinstance(m, wire.Failed | wire.Done))
+    peer.close()
+    assert isinstance(replies[-1], wire.Failed) and replies[-1].tag == 77
+    assert "temperature" in replies[-1].message or "seed" in replies[-1].message
+    assert live.alive() and normal_request_is_exact(live, pair[0], expected)
