@@ -1,0 +1,111 @@
+"""The gate in front of every HTTP service (the edge's OpenAI API, `listen`): an optional API key
+(`Authorization: Bearer`, as OpenAI clients send it), a Host allow-list (against DNS rebinding of
+a service on loopback), and a cap on request body bytes, checked before any handler runs and
+again while the body streams in (a client may send no Content-Length or a false one).
+
+A plain ASGI middleware, so streaming responses pass through untouched; refusals are JSON in the
+OpenAI error shape. No CORS headers are ever added: browsers on other origins get no access.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+from dataclasses import dataclass, field
+
+DEFAULT_MAX_BODY_BYTES = 1 << 20  # JSON completion requests are a few KB
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1", "[::1]")
+
+
+@dataclass(frozen=True)
+class GuardConfig:
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    api_key: str | None = None  # None: no authentication
+    allowed_hosts: tuple[str, ...] = field(default=())  # empty: any Host header
+
+
+def allowed_hosts_for(bind_host: str, extra: tuple[str, ...] = ()) -> tuple[str, ...]:
+    """Loopback binds accept only loopback Host names (a rebound DNS name is refused); other binds
+    accept the bound address and whatever the operator lists."""
+    if bind_host in LOOPBACK_HOSTS or bind_host.startswith("127."):
+        return (*LOOPBACK_HOSTS, bind_host, *extra)
+    if bind_host in ("0.0.0.0", "::") and not extra:
+        return ()  # bound everywhere without a list: the operator chose to accept any Host
+    return (bind_host, *extra)
+
+
+def error_body(message: str, kind: str = "invalid_request_error", code: str | None = None) -> bytes:
+    return json.dumps({"error": {"message": message, "type": kind, "param": None, "code": code}}).encode()
+
+
+async def send_error(send, status: int, message: str, kind: str = "invalid_request_error") -> None:
+    body = error_body(message, kind)
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    if status == 401:
+        headers.append((b"www-authenticate", b"Bearer"))
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+class Guard:
+    """ASGI middleware: host, key and body-size checks for every HTTP request."""
+
+    def __init__(self, app, config: GuardConfig):
+        self.app = app
+        self.config = config
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
+        refusal = self._refusal(headers)
+        if refusal is not None:
+            return await send_error(send, *refusal)
+        return await self._with_body_cap(scope, receive, send)
+
+    def _refusal(self, headers: dict[str, str]) -> tuple[int, str, str] | None:
+        config = self.config
+        if config.allowed_hosts and _host_name(headers.get("host", "")) not in config.allowed_hosts:
+            return 400, "the Host header is not one this service answers to", "invalid_request_error"
+        if config.api_key is not None and not _key_matches(headers.get("authorization", ""), config.api_key):
+            return 401, "a valid API key is required (Authorization: Bearer KEY)", "authentication_error"
+        length = headers.get("content-length")
+        if length is not None and (not length.isdigit() or int(length) > config.max_body_bytes):
+            return 413, f"the request body exceeds {config.max_body_bytes} bytes", "invalid_request_error"
+        return None
+
+    async def _with_body_cap(self, scope, receive, send):
+        """Reads the whole body (at most the cap) before the app sees it, then replays it: memory per
+        request stays bounded by the cap, and a body that is too long never reaches a handler."""
+        chunks, size = [], 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                return  # the client went away mid-body
+            chunks.append(message.get("body", b""))
+            size += len(chunks[-1])
+            if size > self.config.max_body_bytes:
+                return await send_error(send, 413, f"the request body exceeds {self.config.max_body_bytes} bytes")
+            if not message.get("more_body", False):
+                break
+        body, replayed = b"".join(chunks), False
+
+        async def replay():
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()  # after the body: disconnect notices
+
+        return await self.app(scope, replay, send)
+
+
+def _host_name(host: str) -> str:
+    if host.startswith("["):  # [::1]:8000
+        return host[: host.find("]") + 1]
+    return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+
+
+def _key_matches(authorization: str, key: str) -> bool:
+    scheme, _, given = authorization.partition(" ")
+    return scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), key.encode())
