@@ -11,9 +11,15 @@ from __future__ import annotations
 
 import hmac
 import json
+import os
+import socket
 from dataclasses import dataclass, field
+from pathlib import Path
+
+from asyncspec.errors import InputError
 
 DEFAULT_MAX_BODY_BYTES = 1 << 20  # JSON completion requests are a few KB
+API_KEY_ENV = "ASYNCSPEC_API_KEY"
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1", "[::1]")
 
 
@@ -45,6 +51,54 @@ async def send_error(send, status: int, message: str, kind: str = "invalid_reque
         headers.append((b"www-authenticate", b"Bearer"))
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
+
+
+def load_api_key(path: str | None) -> str | None:
+    """The key from a file (first line) or from $ASYNCSPEC_API_KEY; never from the command line,
+    where every local user could read it in the process list."""
+    if path is not None:
+        try:
+            key = Path(path).read_text().strip().splitlines()[0].strip()
+        except (OSError, IndexError):
+            raise InputError(f"{path}: cannot read an API key from it") from None
+    else:
+        key = os.environ.get(API_KEY_ENV, "").strip()
+    if key and len(key) < 16:
+        raise InputError("the API key must have at least 16 characters")
+    return key or None
+
+
+def guard_config(bind_host: str, api_key_file: str | None, max_body_bytes: int, extra_hosts=()) -> GuardConfig:
+    if max_body_bytes < 1024:
+        raise InputError(f"the body cap must be at least 1024 bytes, got {max_body_bytes}")
+    return GuardConfig(max_body_bytes, load_api_key(api_key_file), allowed_hosts_for(bind_host, tuple(extra_hosts)))
+
+
+def bind_listening_socket(host: str, port: int) -> socket.socket:
+    """Bound before the server starts, so a busy port is a clear error (exit 2), not a silent hang."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        family, kind, proto, _, address = infos[0]
+        listening = socket.socket(family, kind, proto)
+        listening.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listening.bind(address)
+    except OSError as error:
+        raise InputError(f"cannot serve HTTP on {host}:{port}: {error.strerror or error}") from None
+    listening.listen(128)
+    listening.set_inheritable(True)
+    return listening
+
+
+def uvicorn_limits(max_connections: int) -> dict:
+    """Connection and timeout caps for uvicorn.Config: slow or piled-up clients cannot hold the server."""
+    if max_connections < 1:
+        raise InputError(f"the connection limit must be at least 1, got {max_connections}")
+    return {
+        "limit_concurrency": max_connections,  # beyond it: 503 at once
+        "timeout_keep_alive": 5,
+        "h11_max_incomplete_event_size": 64 * 1024,  # request line + headers
+        "timeout_graceful_shutdown": 5,
+    }
 
 
 class Guard:

@@ -34,12 +34,15 @@ class IncrementalText:
         return self.tokenizer.decode(self.ids)
 
 
+MAX_CLIENT_MESSAGE_BYTES = 1 << 20  # a Generate is a prompt and a few numbers
+
+
 class ClientFront:
     """Runs inside the edge's loop thread (same thread as the socket)."""
 
-    def __init__(self, address: str, tokenizer, context: zmq.Context | None = None):
+    def __init__(self, address: str, tokenizer, context: zmq.Context | None = None, curve=None):
         context = context or zmq.Context.instance()
-        socket = make_socket(context, zmq.ROUTER, address, bind=True)
+        socket = make_socket(context, zmq.ROUTER, address, True, MAX_CLIENT_MESSAGE_BYTES, curve)
         self.channel = Channel(socket, TrafficCounters(), self._rejected)
         self.socket = self.channel.socket
         self.tokenizer = tokenizer
@@ -98,9 +101,9 @@ class Completion:
 class EdgeClient:
     """`with EdgeClient("tcp://127.0.0.1:5556") as c: c.generate("def f(x):", max_new_tokens=32)`."""
 
-    def __init__(self, address: str, timeout_s: float = 600.0):
+    def __init__(self, address: str, timeout_s: float = 600.0, curve=None):
         self.context = zmq.Context.instance()
-        self.channel = Channel(make_socket(self.context, zmq.DEALER, address, bind=False))
+        self.channel = Channel(make_socket(self.context, zmq.DEALER, address, False, curve=curve))
         self.timeout_s = timeout_s
         self.tags = itertools.count(1)
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import hashlib
 import random
 import time
-from collections import Counter, OrderedDict, deque
+from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -26,8 +26,9 @@ import torch
 import zmq
 from transformers import DynamicCache
 
+from asyncspec.cloudedge import limits, validation
 from asyncspec.cloudedge import protocol as wire
-from asyncspec.cloudedge import validation
+from asyncspec.cloudedge.auth import CurveKeys, start_authenticator
 from asyncspec.cloudedge.transport import Channel, TrafficCounters, make_socket
 from asyncspec.models.base import DecodeRequest, DecoderState
 from asyncspec.models.batched import extend_batch
@@ -43,6 +44,10 @@ class CloudConfig:
     max_queue: int = 1024  # queued blocks before new ones get Nack("busy")
     batch_wait_s: float = 0.0  # wait up to this long for more blocks before a forward (0: form from what is queued)
     decision_cache: int = 65_536  # cached replies for duplicates and retransmissions
+    decision_cache_bytes: int = limits.DEFAULT_REPLY_CACHE_BYTES  # ... and their bytes
+    max_requests: int = limits.DEFAULT_MAX_REQUESTS  # open requests (KV caches) in total
+    max_requests_per_peer: int = limits.DEFAULT_MAX_REQUESTS_PER_PEER
+    max_message_bytes: int = limits.DEFAULT_MAX_MESSAGE_BYTES  # larger frames are dropped by ZeroMQ
     first_k_cap: int = 4096  # largest top-K accepted in an Open
     max_block: int = 64  # candidates per block: the verification width (fp32 logits [n + 1, V] per block)
     idle_request_s: float = 900.0  # a request not heard of this long (its edge is gone) is dropped
@@ -72,6 +77,8 @@ class CloudCounters:
     idle_dropped: int = 0
     invalid_frames: int = 0  # frames that failed the protocol's field checks
     request_errors: int = 0  # requests failed by an error while serving them (the service goes on)
+    foreign_requests: int = 0  # messages naming a request another connection owns (refused)
+    refused_opens: int = 0  # new requests beyond the open-request limits (Nack "busy")
     forward_s: float = 0.0
 
     def as_dict(self) -> dict:
@@ -125,7 +132,8 @@ class CloudVerifier:
         self.queue: deque[tuple[bytes, wire.Block]] = deque()
         self.queued: set[tuple[int, int]] = set()
         self.reply_to: dict[tuple[int, int], bytes] = {}  # newest identity a queued block came from
-        self.replies: OrderedDict[tuple, tuple[bytes, wire.Message]] = OrderedDict()
+        self.replies = limits.ReplyCache(self.config.decision_cache, self.config.decision_cache_bytes)
+        self.quota = limits.RequestQuota(self.config.max_requests, self.config.max_requests_per_peer)
         self.counters = CloudCounters()
         self.traffic = TrafficCounters()
         self.channel: Channel | None = None
@@ -133,23 +141,39 @@ class CloudVerifier:
 
     # ------------------------------------------------------------ service loop
 
-    def serve(self, address: str, should_stop: Callable[[], bool], on_ready: Callable[[], None] = lambda: None) -> None:
-        context = zmq.Context.instance()
-        self.channel = Channel(make_socket(context, zmq.ROUTER, address, bind=True), self.traffic, self._invalid_frame)
+    def serve(
+        self,
+        address: str,
+        should_stop: Callable[[], bool],
+        on_ready: Callable[[], None] = lambda: None,
+        curve: CurveKeys | None = None,
+    ) -> None:
+        """Serve until should_stop(); `curve`: this cloud's CURVE keys (and the edges it admits)."""
+        # an authenticator is one per context: a cloud that checks client keys gets a context of its own
+        context = zmq.Context() if curve is not None and curve.authorized_dir else zmq.Context.instance()
+        authenticator = start_authenticator(context, curve)
+        socket = make_socket(context, zmq.ROUTER, address, True, self.config.max_message_bytes, curve)
+        self.channel = Channel(socket, self.traffic, self._invalid_frame)
+        try:
+            self._loop(should_stop, on_ready)
+        finally:
+            self.channel.close()
+            if authenticator is not None:
+                authenticator.stop()
+                context.term()
+
+    def _loop(self, should_stop: Callable[[], bool], on_ready: Callable[[], None]) -> None:
         poller = zmq.Poller()
         poller.register(self.channel.socket, zmq.POLLIN)
         on_ready()
-        try:
-            while not should_stop():
-                timeout = 0 if self.queue else self.config.poll_ms
-                if poller.poll(timeout):
-                    self._drain(poller)
-                if self.queue:
-                    self._wait_for_more(poller)
-                    self._run_batch_guarded()
-                self._drop_idle()
-        finally:
-            self.channel.close()
+        while not should_stop():
+            timeout = 0 if self.queue else self.config.poll_ms
+            if poller.poll(timeout):
+                self._drain(poller)
+            if self.queue:
+                self._wait_for_more(poller)
+                self._run_batch_guarded()
+            self._drop_idle()
 
     def _run_batch_guarded(self) -> None:
         """A batch whose forward fails is lost, not the service: its blocks go unanswered, their
@@ -167,7 +191,7 @@ class CloudVerifier:
         self._last_idle_check = now
         for request_id, request in list(self.requests.items()):
             if now - request.touched > self.config.idle_request_s:
-                del self.requests[request_id]
+                self._drop_request(request_id)
                 self.counters.idle_dropped += 1
 
     def _drain(self, poller: zmq.Poller, limit: int = 10_000) -> None:
@@ -199,19 +223,27 @@ class CloudVerifier:
             self._dispatch(identity, message)
         except Exception as error:  # a defect or an input no check foresaw: contain it to its request
             self._request_failed(identity, message, error)
+        request_id = wire.request_of(message)
+        if request_id is not None and request_id not in self.requests:
+            self.traffic.forget(request_id)  # byte counters live only as long as their request
 
     def _request_failed(self, identity: bytes, message: wire.Message, error: Exception) -> None:
         self.counters.request_errors += 1
         request = wire.request_of(message)
         if request is None:
             return
-        self.requests.pop(request, None)
-        self._forget_replies(request)
+        self._drop_request(request)
         base = message.id.base if hasattr(message, "id") else 0
         detail = f"the cloud failed this request: {type(error).__name__}: {error}"
         self._nack(identity, request, base, "invalid", detail)
 
     def _dispatch(self, identity: bytes, message: wire.Message) -> None:
+        request_id = wire.request_of(message)
+        if request_id is not None and not self.quota.owns(identity, request_id):
+            self.counters.foreign_requests += 1  # another connection's request: no state, no cached reply
+            base = message.id.base if hasattr(message, "id") else 0
+            self._nack(identity, request_id, base, "invalid", "the request id belongs to another connection")
+            return
         handlers = {
             wire.Block: self._admit,
             wire.Open: self._open,
@@ -231,9 +263,7 @@ class CloudVerifier:
     def _send(self, identity: bytes, message: wire.Message, cache_key: tuple | None = None) -> None:
         frame = wire.encode(message)
         if cache_key is not None:
-            self.replies[cache_key] = (frame, message)
-            while len(self.replies) > self.config.decision_cache:
-                self.replies.popitem(last=False)
+            self.replies.put(cache_key, frame, message)
         self.channel.send_frame(frame, message, identity)
 
     def _nack(self, identity: bytes, request: int, base: int, reason: str, detail: str = "") -> None:
@@ -266,6 +296,11 @@ class CloudVerifier:
         if problem:
             self._nack(identity, message.request, len(tokens) + 1, "invalid", problem)
             return
+        refusal = self.quota.refusal(identity, message.request)
+        if refusal:
+            self.counters.refused_opens += 1
+            self._nack(identity, message.request, len(tokens) + 1, "busy", refusal)
+            return
         self.counters.opens += 1
         if existing is not None:  # a resynchronisation: the open block will be verified afresh
             self._forget_replies(message.request)
@@ -275,6 +310,7 @@ class CloudVerifier:
         self.requests[message.request] = CloudRequest(
             message.prompt_len, message.sampling, message.first_k, message.epoch, state
         )
+        self.quota.add(identity, message.request)
 
     def _rewind(self, request: CloudRequest, message: wire.Open, tokens: list[int]) -> bool:
         """A resynchronisation whose prefix this cloud already holds: crop instead of re-prefilling."""
@@ -289,11 +325,18 @@ class CloudVerifier:
         return True
 
     def _forget_replies(self, request: int) -> None:
-        for key in [k for k in self.replies if k[0] == request]:
-            del self.replies[key]
+        self.replies.forget(request)
+
+    def _drop_request(self, request: int) -> None:
+        """Everything held for a request: its KV, its owner's quota, its cached replies, its byte counters."""
+        self.requests.pop(request, None)
+        self.quota.remove(request)
+        self.replies.forget(request)
+        self.traffic.forget(request)
 
     def _close(self, identity: bytes, message: wire.Close) -> None:
-        if self.requests.pop(message.request, None) is not None:
+        if message.request in self.requests:
+            self._drop_request(message.request)
             self.counters.closes += 1
 
     # ------------------------------------------------------------ blocks

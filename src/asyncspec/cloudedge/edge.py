@@ -14,7 +14,7 @@ fails the outstanding requests with a clear error; nothing hangs.
 from __future__ import annotations
 
 import queue
-import threading
+import secrets
 import time
 from collections import Counter, deque
 from collections.abc import Callable
@@ -25,7 +25,9 @@ import zmq
 
 from asyncspec.cloudedge import protocol as wire
 from asyncspec.cloudedge import validation
+from asyncspec.cloudedge.auth import CurveKeys, connection_id
 from asyncspec.cloudedge.correction import Ask, CorrectionSession, Decided, FidelityBudget
+from asyncspec.cloudedge.limits import DEFAULT_MAX_MESSAGE_BYTES
 from asyncspec.cloudedge.policy import EdgePolicy
 from asyncspec.cloudedge.requests import EdgeRequest, Emit, OpenBlock
 from asyncspec.cloudedge.transport import Channel, TrafficCounters, make_socket
@@ -69,9 +71,19 @@ class CloudInfo:
 
 
 class EdgeGateway:
-    def __init__(self, drafter: Decoder, cloud_address: str, policy: EdgePolicy | None = None):
+    def __init__(
+        self,
+        drafter: Decoder,
+        cloud_address: str,
+        policy: EdgePolicy | None = None,
+        curve: CurveKeys | None = None,
+        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+    ):
         self.drafter = drafter
         self.cloud_address = cloud_address
+        self.curve = curve  # this edge's CURVE keys and the cloud's public key (None: plain TCP)
+        self.max_message_bytes = max_message_bytes
+        self.connection_id = connection_id()  # owns this edge's requests at the cloud, across reconnections
         self.policy = policy or EdgePolicy()
         self.inbox: queue.Queue = queue.Queue()
         self.cancellations: queue.Queue = queue.Queue()  # request ids whose clients went away
@@ -89,8 +101,6 @@ class EdgeGateway:
         # how long that ping stays unanswered *after the socket was drained*, so an edge that was
         # itself busy (drafting, admitting many requests) does not mistake its own pause for a dead cloud
         self.unanswered_since: float | None = None
-        self.next_id = (int(time.time() * 1000) & 0xFFFFFF) << 20  # unique across edge restarts
-        self.id_lock = threading.Lock()
         self.fatal: str | None = None
 
     # ------------------------------------------------------------ submission (any thread)
@@ -103,9 +113,7 @@ class EdgeGateway:
         problem = validation.sampling_problem(sampling.temperature, sampling.seed)
         if problem:
             raise ValueError(problem)
-        with self.id_lock:
-            self.next_id += 1
-            request_id = self.next_id
+        request_id = secrets.randbits(64)  # unpredictable: another peer cannot guess and touch it
         request = EdgeRequest(
             request_id,
             tuple(int(t) for t in prompt_ids),
@@ -168,7 +176,9 @@ class EdgeGateway:
     def _connect(self) -> None:
         if self.channel is not None:
             self.channel.close()
-        socket = make_socket(self.context, zmq.DEALER, self.cloud_address, bind=False)
+        socket = make_socket(
+            self.context, zmq.DEALER, self.cloud_address, False, self.max_message_bytes, self.curve, self.connection_id
+        )
         self.channel = Channel(socket, self.traffic, self._rejected_reply)
 
     def _rejected_reply(self, identity: bytes | None, error: wire.ProtocolError) -> None:

@@ -40,11 +40,30 @@ class TrafficCounters:
         self.per_request_received.pop(request, None)
 
 
-def make_socket(context: zmq.Context, kind: int, address: str, bind: bool) -> zmq.Socket:
+def make_socket(
+    context: zmq.Context,
+    kind: int,
+    address: str,
+    bind: bool,
+    max_message_bytes: int | None = None,
+    curve=None,
+    routing_id: bytes | None = None,
+) -> zmq.Socket:
+    """A socket with bounded queues; `max_message_bytes` makes ZeroMQ drop a peer that sends a larger
+    frame (never buffered); `curve` (auth.CurveKeys) turns on CURVE, as server when binding."""
+    from asyncspec.cloudedge.auth import apply_curve
+
     socket = context.socket(kind)
     socket.setsockopt(zmq.LINGER, 0)
     socket.setsockopt(zmq.SNDHWM, HIGH_WATER_MARK)
     socket.setsockopt(zmq.RCVHWM, HIGH_WATER_MARK)
+    if max_message_bytes is not None:
+        socket.setsockopt(zmq.MAXMSGSIZE, max_message_bytes)
+    if routing_id is not None:
+        socket.setsockopt(zmq.ROUTING_ID, routing_id)
+    if kind == zmq.ROUTER:
+        socket.setsockopt(zmq.ROUTER_HANDOVER, 1)  # a reconnecting edge (same routing id) takes its requests along
+    apply_curve(socket, curve, server=bind)
     if bind:
         socket.bind(address)
     else:
