@@ -20,6 +20,7 @@ from asyncspec.errors import InputError
 
 DEFAULT_MAX_BODY_BYTES = 1 << 20  # JSON completion requests are a few KB
 API_KEY_ENV = "ASYNCSPEC_API_KEY"
+FORM_OVERHEAD_BYTES = 64 << 10  # multipart boundaries and small text fields around an uploaded file
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1", "[::1]")
 
 
