@@ -33,6 +33,7 @@ class LiveServices:
     client_address: str
     cloud_thread: ServiceThread
     edge_thread: ServiceThread
+    front: ClientFront
 
     def alive(self) -> bool:
         """Both service threads still run (a service that died would have stopped its thread)."""
@@ -48,7 +49,7 @@ def live_services(target, drafter, cloud_config: CloudConfig | None = None, poli
     front = ClientFront(client_address, drafter.tokenizer)
     edge_thread = ServiceThread(gateway, client=front).start()
     try:
-        yield LiveServices(gateway, cloud, cloud_address, client_address, cloud_thread, edge_thread)
+        yield LiveServices(gateway, cloud, cloud_address, client_address, cloud_thread, edge_thread, front)
     finally:
         edge_thread.close()
         cloud_thread.close()
@@ -88,10 +89,18 @@ def expected_tokens(target) -> list[int]:
     return decode_target_only(target, None, DecodeRequest(tuple(NORMAL_PROMPT), max_new_tokens=NORMAL_TOKENS)).tokens
 
 
-def normal_request_is_exact(live: LiveServices, target, expected: list[int] | None = None) -> bool:
-    """A greedy request through the live pair completes and equals target-only decoding."""
+def normal_request_problem(live: LiveServices, target, expected: list[int] | None = None) -> str | None:
+    """None when a greedy request through the live pair completes and equals target-only decoding."""
     [result] = run_requests(live.gateway, [NORMAL_PROMPT], NORMAL_TOKENS, timeout=60)
-    return result["type"] == "done" and result["tokens"] == (expected or expected_tokens(target))
+    if result["type"] != "done":
+        return f"the normal request failed: {result.get('message')}"
+    if result["tokens"] != (expected or expected_tokens(target)):
+        return f"the normal request was not exact: {result['tokens']}"
+    return None
+
+
+def normal_request_is_exact(live: LiveServices, target, expected: list[int] | None = None) -> bool:
+    return normal_request_problem(live, target, expected) is None
 
 
 def rss_mib() -> float:

@@ -81,3 +81,11 @@ def test_a_generate_with_a_bad_seed_or_temperature_fails_only_itself(live, pair,
     assert isinstance(replies[-1], wire.Failed) and replies[-1].tag == 77
     assert "temperature" in replies[-1].message or "seed" in replies[-1].message
     assert live.alive() and normal_request_is_exact(live, pair[0], expected)
+
+
+def test_a_frame_whose_code_is_a_list_is_malformed_not_a_crash():
+    """Found by the adversarial suite: `[[1], ...]` raised TypeError (unhashable) inside decode."""
+    import msgpack
+
+    with pytest.raises(wire.ProtocolError):
+        wire.decode(msgpack.packb([[1], 2, 3]))

@@ -102,6 +102,26 @@ def uvicorn_limits(max_connections: int) -> dict:
     }
 
 
+def install_error_handlers(app) -> None:
+    """Framework errors (bad multipart boundary, unknown path, wrong method, query-parameter types)
+    in the same OpenAI error shape as the services' own: one shape for every client."""
+    from fastapi.exceptions import RequestValidationError
+    from fastapi.responses import Response
+    from starlette.exceptions import HTTPException
+
+    def reply(status: int, message: str) -> Response:
+        return Response(error_body(message), status, media_type="application/json")
+
+    @app.exception_handler(HTTPException)
+    async def http_error(_, error: HTTPException) -> Response:
+        return reply(error.status_code, str(error.detail))
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(_, error: RequestValidationError) -> Response:
+        problems = "; ".join(f"{'.'.join(map(str, e.get('loc', ())))}: {e.get('msg')}" for e in error.errors()[:5])
+        return reply(400, f"invalid request: {problems}")
+
+
 class Guard:
     """ASGI middleware: host, key and body-size checks for every HTTP request."""
 

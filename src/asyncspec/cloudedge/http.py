@@ -17,7 +17,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from asyncspec.cloudedge.client import IncrementalText
 from asyncspec.cloudedge.http_options import BadRequest, CompletionOptions, parse_messages, parse_options, parse_prompt
-from asyncspec.httpguard import Guard, GuardConfig
+from asyncspec.httpguard import Guard, GuardConfig, install_error_handlers
 
 DISCONNECT_CHECK_S = 1.0  # how often a waiting request looks whether its client is still there
 
@@ -43,8 +43,8 @@ def _error(status: int, message: str, param: str | None = None) -> JSONResponse:
 async def _json_body(request: Request) -> dict:
     try:
         body = json.loads(await request.body())
-    except (ValueError, UnicodeDecodeError) as error:
-        raise BadRequest(f"the body is not valid JSON ({error})") from None
+    except (ValueError, RecursionError) as error:  # RecursionError: nesting deeper than the parser's stack
+        raise BadRequest(f"the body is not valid JSON ({type(error).__name__})") from None
     if not isinstance(body, dict):
         raise BadRequest("the body must be a JSON object")
     return body
@@ -52,6 +52,7 @@ async def _json_body(request: Request) -> dict:
 
 def make_app(gateway, tokenizer, model_name: str, chat: ChatFormatter | None = None, guard: GuardConfig | None = None):
     app = FastAPI(title="asyncspec edge")
+    install_error_handlers(app)
     chat = chat or ChatFormatter()
 
     async def events(ids: list[int], options: CompletionOptions, client: Request) -> AsyncIterator[dict]:

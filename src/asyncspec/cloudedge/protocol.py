@@ -277,7 +277,7 @@ def decode(frame: bytes) -> Message:
         body = msgpack.unpackb(frame, raw=False, strict_map_key=True)
     except Exception as error:  # msgpack raises several types for garbage
         raise ProtocolError(f"not msgpack: {error}") from error
-    if not isinstance(body, list) or not body or body[0] not in MESSAGES:
+    if not isinstance(body, list) or not body or not _is_int(body[0]) or body[0] not in MESSAGES:
         raise ProtocolError("not a message of this protocol")
     cls = MESSAGES[body[0]]
     specs = fields(cls)

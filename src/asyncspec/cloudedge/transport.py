@@ -121,6 +121,9 @@ class Channel:
             if self.on_rejected is not None:
                 self.on_rejected(identity, error)
             return None
+        except Exception:  # a decoder defect must cost one frame, never the service (fuzzing found one)
+            self.counters.malformed += 1
+            return None
         name = type(message).__name__
         self.counters.received_bytes[name] += len(parts[-1])
         self.counters.received_messages[name] += 1

@@ -24,7 +24,7 @@ from asyncspec.audio import MAX_UPLOAD_DECODED_SAMPLES
 from asyncspec.cloudedge.validation import sampling_problem
 from asyncspec.decoding.result import DecodeConfig
 from asyncspec.errors import InputError
-from asyncspec.httpguard import FORM_OVERHEAD_BYTES, Guard, GuardConfig
+from asyncspec.httpguard import FORM_OVERHEAD_BYTES, Guard, GuardConfig, install_error_handlers
 from asyncspec.ondemand.engine import Engine, Job, QueueFull, RequestCancelled, ServiceUnavailable, Upload
 from asyncspec.ondemand.engine import Response as Transcription
 from asyncspec.ondemand.memory import memory_report
@@ -53,6 +53,7 @@ def create_app(
     limits = limits or UploadLimits()
     guard = guard or GuardConfig(max_body_bytes=limits.max_bytes + FORM_OVERHEAD_BYTES)
     app = FastAPI(title="asyncspec on-demand transcription")
+    install_error_handlers(app)
 
     @app.exception_handler(InputError)
     async def bad_input(_: Request, error: InputError) -> JSONResponse:
