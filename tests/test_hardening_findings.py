@@ -89,3 +89,27 @@ def test_a_frame_whose_code_is_a_list_is_malformed_not_a_crash():
 
     with pytest.raises(wire.ProtocolError):
         wire.decode(msgpack.packb([[1], 2, 3]))
+
+
+def test_a_cancelled_request_stops_and_its_counters_are_freed(live):
+    """HTTP clients that disconnect cancel their request (http.py calls gateway.cancel)."""
+    from cloudedge_support import Collector
+
+    collector = Collector()
+    request_id = live.gateway.submit([3, 4, 5], 400, wire.Sampling(), 0.0, collector)
+    live.gateway.cancel(request_id)
+    assert collector.done.wait(30)
+    assert collector.result["type"] == "error" and collector.result["message"] == "cancelled by the client"
+    assert live.gateway.counters.cancelled >= 1
+    assert request_id not in live.gateway.traffic.per_request_sent
+
+
+def test_the_clouds_per_request_counters_do_not_grow_with_unknown_ids(live):
+    peer = RawPeer(live.cloud_address)
+    for request in range(5000, 5200):
+        peer.send_message(wire.Close(request))
+    peer.send_message(wire.Ping(0.0))
+    peer.replies(until=lambda m: isinstance(m, wire.Pong))
+    peer.close()
+    traffic = live.cloud.traffic
+    assert not any(5000 <= r < 5200 for r in [*traffic.per_request_received, *traffic.per_request_sent])

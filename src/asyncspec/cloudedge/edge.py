@@ -204,6 +204,9 @@ class EdgeGateway:
             self._handle(message)
         except Exception as error:  # contained to the request the reply is about
             self._request_error(self.requests.get(wire.request_of(message)), error)
+        request_id = wire.request_of(message)
+        if request_id is not None and request_id not in self.requests:
+            self.traffic.forget(request_id)  # replies about unknown requests must not grow the byte counters
 
     def _request_error(self, request: EdgeRequest | None, error: Exception) -> None:
         self.counters.request_errors += 1

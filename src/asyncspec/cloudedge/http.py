@@ -66,14 +66,18 @@ def make_app(gateway, tokenizer, model_name: str, chat: ChatFormatter | None = N
             options.eps_req,
             lambda event: loop.call_soon_threadsafe(queue.put_nowait, event),
         )
-        finished = False
+        finished, checked = False, time.monotonic()
         try:
             while True:
                 try:
                     event = await asyncio.wait_for(queue.get(), DISCONNECT_CHECK_S)
                 except TimeoutError:
+                    event = None
+                if time.monotonic() - checked >= DISCONNECT_CHECK_S:  # also while tokens keep coming
+                    checked = time.monotonic()
                     if await client.is_disconnected():
                         return
+                if event is None:
                     continue
                 finished = event["type"] != "token"
                 yield event
