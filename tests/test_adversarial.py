@@ -106,6 +106,7 @@ def fuzz_batches(live, pair, expected, baseline_rss, address: str, traffic, name
     rng = random.Random(15)
     peer = RawPeer(address, SNDHWM=0, RCVHWM=0)
     peak, problems, sent, replies = baseline_rss, [], 0, 0
+    malformed_before, decoded_before = traffic.malformed, sum(traffic.received_messages.values())
     try:
         for _ in range(BATCHES):
             before = frames_seen(traffic)
@@ -124,7 +125,9 @@ def fuzz_batches(live, pair, expected, baseline_rss, address: str, traffic, name
             peak = max(peak, rss_mib())
     finally:
         peer.close()
+    decoded = sum(traffic.received_messages.values()) - decoded_before  # the cloud: normal requests included
     record(name, frames=sent, crashes=0, failed_normal_requests=len(problems), replies=replies,
+           refused_at_decode=traffic.malformed - malformed_before, decoded=decoded,
            peak_rss_mib=round(peak, 1), baseline_rss_mib=round(baseline_rss, 1))  # fmt: skip
     assert problems == []
     assert peak - baseline_rss < RSS_GROWTH_BOUND_MIB
