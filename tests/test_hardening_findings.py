@@ -113,3 +113,21 @@ def test_the_clouds_per_request_counters_do_not_grow_with_unknown_ids(live):
     peer.close()
     traffic = live.cloud.traffic
     assert not any(5000 <= r < 5200 for r in [*traffic.per_request_received, *traffic.per_request_sent])
+
+
+def test_open_prefills_run_outside_the_receive_loop(pair):
+    """Handling an Open only queues its prefill; a flood of Opens does not hold up another
+    request's block: the batch prefills only the requests whose blocks it verifies."""
+    from asyncspec.cloudedge.cloud import CloudConfig, CloudVerifier
+    from test_cloudedge_batching import RecordingChannel
+
+    cloud = CloudVerifier(pair[0], CloudConfig())
+    cloud.channel = RecordingChannel()
+    cloud.handle(b"edge", wire.Open(1, wire.pack_ids([3, 4]), 3, 0.0, 0, 4, 0))
+    for request in range(100, 300):
+        cloud.handle(b"flood", wire.Open(request, wire.pack_ids([3] * 200), 200, 0.0, 0, 4, 0))
+    assert cloud.requests == {} and len(cloud.opening) == 201  # nothing prefilled while receiving
+    cloud.handle(b"edge", wire.Block(wire.BlockId(1, 3, 2, wire.Sampling().digest()), 5, wire.pack_ids([6, 7]), b""))
+    cloud.run_batch()
+    assert isinstance(cloud.channel.sent[-1], wire.Verdict) and list(cloud.requests) == [1]
+    assert len(cloud.opening) == 200

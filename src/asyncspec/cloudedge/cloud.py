@@ -110,6 +110,21 @@ class CloudRequest:
     touched: float = field(default_factory=time.monotonic)
 
 
+@dataclass
+class PendingOpen:
+    """An accepted Open whose prefill has not run yet: prefills run when the request's first block
+    is taken into a batch, or while the cloud is idle — never inside the receive loop, where a
+    flood of Opens would hold up every other peer's blocks."""
+
+    identity: bytes
+    message: wire.Open
+    tokens: list[int]
+
+    @property
+    def epoch(self) -> int:
+        return self.message.epoch
+
+
 def derived_seed(*parts) -> int:
     digest = hashlib.blake2b(repr(parts).encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little") >> 1
@@ -134,6 +149,7 @@ class CloudVerifier:
         self.reply_to: dict[tuple[int, int], bytes] = {}  # newest identity a queued block came from
         self.replies = limits.ReplyCache(self.config.decision_cache, self.config.decision_cache_bytes)
         self.quota = limits.RequestQuota(self.config.max_requests, self.config.max_requests_per_peer)
+        self.opening: dict[int, PendingOpen] = {}  # request -> its Open waiting for a prefill
         self.counters = CloudCounters()
         self.traffic = TrafficCounters()
         self.channel: Channel | None = None
@@ -167,12 +183,13 @@ class CloudVerifier:
         poller.register(self.channel.socket, zmq.POLLIN)
         on_ready()
         while not should_stop():
-            timeout = 0 if self.queue else self.config.poll_ms
+            timeout = 0 if self.queue or self.opening else self.config.poll_ms
             if poller.poll(timeout):
                 self._drain(poller)
             if self.queue:
                 self._wait_for_more(poller)
                 self._run_batch_guarded()
+            self._prefill_while_idle()
             self._drop_idle()
 
     def _run_batch_guarded(self) -> None:
@@ -224,7 +241,7 @@ class CloudVerifier:
         except Exception as error:  # a defect or an input no check foresaw: contain it to its request
             self._request_failed(identity, message, error)
         request_id = wire.request_of(message)
-        if request_id is not None and request_id not in self.requests:
+        if request_id is not None and request_id not in self.requests and request_id not in self.opening:
             self.traffic.forget(request_id)  # byte counters live only as long as their request
 
     def _request_failed(self, identity: bytes, message: wire.Message, error: Exception) -> None:
@@ -288,7 +305,8 @@ class CloudVerifier:
     def _open(self, identity: bytes, message: wire.Open) -> None:
         tokens = wire.unpack_ids(message.tokens)
         existing = self.requests.get(message.request)
-        if existing is not None and message.epoch <= existing.epoch:
+        known = [r.epoch for r in (existing, self.opening.get(message.request)) if r is not None]
+        if known and message.epoch <= max(known):
             self.counters.stale_opens += 1  # a duplicated or late Open: the request has moved on
             return
         target = self.target
@@ -306,11 +324,32 @@ class CloudVerifier:
             self._forget_replies(message.request)
             if self._rewind(existing, message, tokens):
                 return
+        self.requests.pop(message.request, None)  # its KV no longer matches: blocks wait for the new prefill
+        self.opening[message.request] = PendingOpen(identity, message, tokens)
+        self.quota.add(identity, message.request)
+
+    def _prefill(self, request_id: int) -> None:
+        pending = self.opening.pop(request_id)
+        tokens, message = pending.tokens, pending.message
         state = self.target.prefill(DecodeRequest(tuple(tokens))) if tokens else empty_state(self.target)
-        self.requests[message.request] = CloudRequest(
+        self.requests[request_id] = CloudRequest(
             message.prompt_len, message.sampling, message.first_k, message.epoch, state
         )
-        self.quota.add(identity, message.request)
+
+    def _prefill_guarded(self, request_id: int, identity: bytes, message: wire.Message) -> bool:
+        """Prefill a pending request; a failure fails that request only (False)."""
+        try:
+            self._prefill(request_id)
+            return True
+        except Exception as error:
+            self._request_failed(identity, message, error)
+            return False
+
+    def _prefill_while_idle(self) -> None:
+        """With no block queued, prefill the oldest pending Open (one per loop turn)."""
+        if self.opening and not self.queue:
+            request_id, pending = next(iter(self.opening.items()))
+            self._prefill_guarded(request_id, pending.identity, pending.message)
 
     def _rewind(self, request: CloudRequest, message: wire.Open, tokens: list[int]) -> bool:
         """A resynchronisation whose prefix this cloud already holds: crop instead of re-prefilling."""
@@ -330,12 +369,13 @@ class CloudVerifier:
     def _drop_request(self, request: int) -> None:
         """Everything held for a request: its KV, its owner's quota, its cached replies, its byte counters."""
         self.requests.pop(request, None)
+        self.opening.pop(request, None)
         self.quota.remove(request)
         self.replies.forget(request)
         self.traffic.forget(request)
 
     def _close(self, identity: bytes, message: wire.Close) -> None:
-        if message.request in self.requests:
+        if message.request in self.requests or message.request in self.opening:
             self._drop_request(message.request)
             self.counters.closes += 1
 
@@ -398,6 +438,9 @@ class CloudVerifier:
                 deferred.append((identity, block))
                 continue
             if self._resend_cached(identity, block.id.key()):
+                continue
+            pending = block.id.request in self.opening
+            if pending and not self._prefill_guarded(block.id.request, identity, block):
                 continue
             problem = self._problem(block)
             if problem:
@@ -507,5 +550,5 @@ class CloudVerifier:
         return {
             "cloud": self.counters.as_dict(),
             "traffic": self.traffic.as_dict(),
-            "open_requests": len(self.requests),
+            "open_requests": len(self.requests) + len(self.opening),
         }
