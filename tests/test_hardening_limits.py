@@ -1,0 +1,84 @@
+"""The cloud's resource bounds (issue 15), each reproduced from its finding: oversized blocks, unbounded
+open requests, a reply cache bounded by count only, and a frame of any size accepted."""
+
+from __future__ import annotations
+
+import pytest
+
+from asyncspec.cloudedge import protocol as wire
+from asyncspec.cloudedge.cloud import CloudConfig, CloudVerifier
+from asyncspec.cloudedge.limits import ReplyCache
+from cloudedge_support import ServiceThread, free_address, model_pair
+from hardening_support import RawPeer
+
+
+@pytest.fixture(scope="module")
+def target():
+    return model_pair(noise=0.05)[0]
+
+
+@pytest.fixture
+def cloud(target):
+    config = CloudConfig(max_block=8, max_requests=4, max_requests_per_peer=2, max_message_bytes=64 << 10)
+    address = free_address()
+    verifier = CloudVerifier(target, config)
+    thread = ServiceThread(verifier, address).start()
+    yield verifier, address
+    thread.close()
+
+
+def nacks(peer: RawPeer, timeout_s: float = 1.0) -> list[wire.Nack]:
+    return [m for m in peer.replies(timeout_s=timeout_s) if isinstance(m, wire.Nack)]
+
+
+def open_message(request: int) -> wire.Open:
+    return wire.Open(request, wire.pack_ids([3, 4]), 2, 0.0, 0, 4, 0)
+
+
+def test_a_block_wider_than_the_verification_width_is_refused(cloud):
+    verifier, address = cloud
+    peer = RawPeer(address)
+    peer.send_message(open_message(1))
+    wide = wire.Block(wire.BlockId(1, 3, 9, wire.Sampling().digest()), 5, wire.pack_ids([6] * 9), b"")
+    peer.send_message(wide)
+    [nack] = nacks(peer)
+    peer.close()
+    assert nack.reason == "invalid" and verifier.counters.positions_verified == 0
+
+
+def test_open_requests_are_capped_per_connection_and_in_total(cloud):
+    verifier, address = cloud
+    first, second, third = RawPeer(address), RawPeer(address), RawPeer(address)
+    for request in (10, 11, 12):
+        first.send_message(open_message(request))
+    assert [(n.request, n.reason) for n in nacks(first)] == [(12, "busy")]
+    for request in (20, 21):
+        second.send_message(open_message(request))
+    third.send_message(open_message(30))
+    [refused] = nacks(third)
+    for peer in (first, second, third):
+        peer.close()
+    assert "limit of 4 open requests" in refused.detail
+    assert verifier.counters.refused_opens == 2 and len(verifier.requests) + len(verifier.opening) == 4
+
+
+def test_a_frame_over_the_size_limit_is_dropped_and_the_cloud_goes_on(cloud):
+    verifier, address = cloud
+    big = RawPeer(address)
+    big.send(wire.encode(wire.Open(40, wire.pack_ids([3] * 20_000), 2, 0.0, 0, 4, 0)))  # 80 KB > 64 KiB
+    assert big.replies(timeout_s=1.0) == []  # ZeroMQ dropped the peer; nothing was decoded
+    big.close()
+    peer = RawPeer(address)
+    peer.send_message(wire.Ping(1.0))
+    assert any(isinstance(m, wire.Pong) for m in peer.replies(timeout_s=2.0))
+    peer.close()
+    assert 40 not in verifier.requests and 40 not in verifier.opening
+
+
+def test_the_reply_cache_is_capped_in_bytes():
+    cache = ReplyCache(max_entries=1000, max_bytes=10_000)
+    for i in range(50):
+        cache.put((i, 0), b"x" * 600_000 if i == 7 else b"y" * 1000, None)
+    assert cache.bytes <= 10_000 and len(cache) == 10 and (7, 0) not in cache
+    cache.forget(49)
+    assert (49, 0) not in cache and cache.bytes == 9000
