@@ -30,7 +30,7 @@ def live(pair):
 
 @pytest.fixture(scope="module")
 def client(live, pair):
-    app = make_app(live.gateway, pair[1].tokenizer, "tiny", guard=GuardConfig(max_body_bytes=4096))
+    app = make_app(live.gateway, pair[1].tokenizer, "tiny", guard=GuardConfig(max_body_bytes=8192))
     return TestClient(app)
 
 
@@ -93,9 +93,15 @@ def test_a_body_that_is_not_a_json_object_gets_a_400(client, body):
 def test_a_body_over_the_cap_gets_a_413_before_any_handler(client, pair):
     response = client.post("/v1/completions", json={**NORMAL, "prompt": "w1 " * 5000})
     assert response.status_code == 413 and "exceeds" in response.json()["error"]["message"]
-    chunked = client.post("/v1/completions", content=iter([b"x" * 3000, b"y" * 3000]))  # no Content-Length
+    chunked = client.post("/v1/completions", content=iter([b"x" * 5000, b"y" * 5000]))  # no Content-Length
     assert chunked.status_code == 413
     assert_exact(client, pair)
+
+
+def test_a_prompt_longer_than_the_models_positions_is_a_400(client, pair):
+    prompt = " ".join(["w3"] * (pair[1].max_length + 5))
+    response = client.post("/v1/completions", json={**NORMAL, "prompt": prompt})
+    assert response.status_code == 400 and "positions" in response.json()["error"]["message"]
 
 
 def test_chat_messages_are_checked(client):

@@ -92,6 +92,9 @@ def make_app(gateway, tokenizer, model_name: str, chat: ChatFormatter | None = N
         ids = await asyncio.to_thread(tokenizer.encode, prompt)  # long prompts must not stall the event loop
         if not ids:
             raise BadRequest("the prompt is empty", "prompt")
+        positions = gateway.drafter.max_length
+        if len(ids) >= positions:  # no room for a single generated token
+            raise BadRequest(f"the prompt ({len(ids)} tokens) exceeds the model's {positions} positions", "prompt")
         stream = events(ids, options, client)
         meta = {"id": f"{kind}-{uuid.uuid4().hex[:16]}", "created": int(time.time()), "model": model_name}
         if options.stream:
