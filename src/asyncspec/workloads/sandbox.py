@@ -10,7 +10,8 @@ an empty temporary directory, with:
 - when the scorer runs as root and `nobody` may execute the interpreter, the uid and gid of `nobody`
   (root's files become read-only to it); otherwise the program has the scorer's own file access:
   score as a dedicated user (`drops_root()` says which applies);
-- where the kernel allows it, a new network namespace (only a downed loopback: no network at all),
+- where the kernel allows it, a new network namespace (only a downed loopback: no network at all)
+  and a new mount namespace in which every file system is read-only but the scratch directory,
   inside a new user namespace when the process is unprivileged. `isolation()` says what this
   machine grants.
 """
@@ -33,8 +34,30 @@ FILE_BYTES = 1 << 20  # largest file it may write
 OPEN_FILES = 64
 STARTUP_S = 2.0  # interpreter start-up allowed on top of the program's own timeout
 NOBODY = 65534
+CLONE_NEWNS = 0x00020000
 CLONE_NEWUSER = 0x10000000
 CLONE_NEWNET = 0x40000000
+MS_RDONLY, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 1, 32, 4096, 16384, 1 << 18
+
+
+@dataclass(frozen=True)
+class Isolation:
+    namespaces: int = 0  # CLONE_* flags
+    read_only: bool = False  # every mount but the scratch directory remounted read-only
+
+    @property
+    def network(self) -> bool:
+        return bool(self.namespaces & CLONE_NEWNET)
+
+
+# strongest first; the first one this machine grants is used for every program
+STRATEGIES = (
+    Isolation(CLONE_NEWNS | CLONE_NEWNET, read_only=True),  # root
+    Isolation(CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWNET, read_only=True),  # unprivileged user namespaces
+    Isolation(CLONE_NEWUSER | CLONE_NEWNET),
+    Isolation(CLONE_NEWNET),
+    Isolation(),
+)
 
 
 @dataclass(frozen=True)
@@ -83,34 +106,75 @@ def _unshare(flags: int) -> bool:
     return libc.unshare(flags) == 0
 
 
-def _confine(timeout_s: float, namespaces: int):
-    """The child's first act (before exec): namespaces, then limits it can no longer raise."""
+def _mount(source: bytes | None, target: bytes, flags: int) -> bool:
+    libc = ctypes.CDLL(None, use_errno=True)
+    return libc.mount(source, target, None, flags, None) == 0
+
+
+def _mount_points() -> list[bytes]:
+    """Every mount point of this mount namespace, from /proc/self/mountinfo (octal escapes kept)."""
+    with open("/proc/self/mountinfo", "rb") as info:
+        points = [line.split()[4] for line in info if line.strip()]
+    return [p.decode("unicode_escape").encode("latin-1") for p in points]
+
+
+def _read_only_except(scratch: str) -> bool:
+    """In the child's own mount namespace: the scratch directory stays writable, everything else not."""
+    own = scratch.encode()
+    if not (_mount(None, b"/", MS_REC | MS_PRIVATE) and _mount(own, own, MS_BIND)):
+        return False
+    remounted_root = False
+    for point in _mount_points():
+        if point != own and _mount(None, point, MS_REMOUNT | MS_BIND | MS_RDONLY) and point == b"/":
+            remounted_root = True  # others (proc, sysfs...) may refuse: they are not where files live
+    return remounted_root
+
+
+def _confine(timeout_s: float, isolation: Isolation, scratch: str):
+    """The child's first act (before exec): namespaces and mounts, then limits it can no longer raise."""
 
     def confine() -> None:
         os.setsid()
         _drop_root()
-        if namespaces and not _unshare(namespaces):
+        if isolation.namespaces and not _unshare(isolation.namespaces):
             os._exit(70)  # isolation() promised it; never run unconfined by surprise
+        if isolation.read_only and not _read_only_except(scratch):
+            os._exit(71)
+        os.chdir(scratch)  # again: the directory entered before the bind mount is the read-only one
         for limit, value in _limits(timeout_s):
             resource.setrlimit(limit, value)
 
     return confine
 
 
+PROBE = "import sys\ntry:\n    open(sys.argv[1], 'w')\nexcept OSError:\n    sys.exit(0)\nsys.exit(3)\n"
+
+
 @cache
-def isolation() -> int:
-    """The namespace flags this machine lets an unprivileged child take (tried once per process)."""
-    for flags in (CLONE_NEWUSER | CLONE_NEWNET, CLONE_NEWNET):
-        probe = subprocess.run(
-            [sys.executable, "-I", "-S", "-c", "pass"], preexec_fn=_confine(5, flags), capture_output=True
-        )
-        if probe.returncode == 0:
-            return flags
-    return 0
+def isolation() -> Isolation:
+    """The strongest isolation this machine grants (probed once per process): the probe must start,
+    and where the file systems should be read-only, fail to write outside its scratch directory."""
+    with tempfile.TemporaryDirectory(prefix="asyncspec-probe-") as outside:
+        for strategy in STRATEGIES:
+            with tempfile.TemporaryDirectory(prefix="asyncspec-sandbox-") as scratch:
+                program = PROBE if strategy.read_only else "pass"
+                probe = subprocess.run(
+                    [sys.executable, "-I", "-S", "-c", program, os.path.join(outside, "written")],
+                    preexec_fn=_confine(5, strategy, scratch),
+                    capture_output=True,
+                )
+            if probe.returncode == 0:
+                return strategy
+    return Isolation()
 
 
 def network_isolated() -> bool:
-    return bool(isolation() & CLONE_NEWNET)
+    return isolation().network
+
+
+def files_protected() -> bool:
+    """Whether a program can write nothing outside its scratch directory here."""
+    return isolation().read_only or drops_root()
 
 
 def run_untrusted(program: str, timeout_s: float) -> Outcome:
@@ -128,7 +192,7 @@ def run_untrusted(program: str, timeout_s: float) -> Outcome:
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
-            preexec_fn=_confine(timeout_s, isolation()),
+            preexec_fn=_confine(timeout_s, isolation(), directory),
         )
         try:
             _, stderr = child.communicate(timeout=timeout_s + STARTUP_S)
