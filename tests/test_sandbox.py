@@ -4,12 +4,15 @@ network abuse fail the program, not the scorer."""
 
 from __future__ import annotations
 
+import os
 import socket
+import subprocess
+import sys
 import time
 
 import pytest
 
-from asyncspec.workloads.sandbox import files_protected, isolation, network_isolated, run_untrusted
+from asyncspec.workloads.sandbox import files_protected, isolation, network_isolated, processes_isolated, run_untrusted
 
 
 def test_a_correct_program_passes_and_a_failing_one_says_why():
@@ -63,3 +66,17 @@ def test_this_machine_grants_an_isolation_and_the_probe_says_which():
     strategy = isolation()
     assert strategy.network == network_isolated()
     assert run_untrusted("open('scratch.txt', 'w').write('own directory stays writable')\n", 3).passed
+
+
+def test_the_program_cannot_signal_our_processes():
+    if not processes_isolated():
+        pytest.skip("no PID namespace on this machine")
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        program = f"import os, signal\nos.kill({sleeper.pid}, signal.SIGKILL)\nos.kill({os.getpid()}, signal.SIGKILL)\n"
+        outcome = run_untrusted(program, 3)
+        assert not outcome.passed and "ProcessLookupError" in outcome.detail
+        assert sleeper.poll() is None  # alive (and so is this process)
+    finally:
+        sleeper.kill()
+        sleeper.wait()

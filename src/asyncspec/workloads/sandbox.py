@@ -10,8 +10,9 @@ an empty temporary directory, with:
 - when the scorer runs as root and `nobody` may execute the interpreter, the uid and gid of `nobody`
   (root's files become read-only to it); otherwise the program has the scorer's own file access:
   score as a dedicated user (`drops_root()` says which applies);
-- where the kernel allows it, a new network namespace (only a downed loopback: no network at all)
-  and a new mount namespace in which every file system is read-only but the scratch directory,
+- where the kernel allows it, a new network namespace (only a downed loopback: no network at all),
+  a new PID namespace (no process of ours visible or signalable) and a new mount namespace in
+  which every file system is read-only but the scratch directory,
   inside a new user namespace when the process is unprivileged. `isolation()` says what this
   machine grants.
 """
@@ -35,6 +36,7 @@ OPEN_FILES = 64
 STARTUP_S = 2.0  # interpreter start-up allowed on top of the program's own timeout
 NOBODY = 65534
 CLONE_NEWNS = 0x00020000
+CLONE_NEWPID = 0x20000000
 CLONE_NEWUSER = 0x10000000
 CLONE_NEWNET = 0x40000000
 MS_RDONLY, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 1, 32, 4096, 16384, 1 << 18
@@ -49,11 +51,37 @@ class Isolation:
     def network(self) -> bool:
         return bool(self.namespaces & CLONE_NEWNET)
 
+    @property
+    def processes(self) -> bool:
+        """The program runs in its own PID namespace: it cannot see or signal any process of ours."""
+        return bool(self.namespaces & CLONE_NEWPID)
+
+    def command(self, arguments: list[str]) -> list[str]:
+        """A new PID namespace takes effect for the children of the process that made it: a small
+        launcher forks the program (PID 1 of the new namespace) and passes its exit status on."""
+        if not self.processes:
+            return [sys.executable, "-I", "-S", *arguments]
+        return [sys.executable, "-I", "-S", "-c", LAUNCHER, sys.executable, *arguments]
+
+
+LAUNCHER = """import os, signal, sys
+pid = os.fork()
+if pid == 0:
+    os.execv(sys.argv[1], [sys.argv[1], "-I", "-S", *sys.argv[2:]])
+status = os.waitpid(pid, 0)[1]
+if os.WIFSIGNALED(status):
+    if os.WTERMSIG(status) != signal.SIGKILL:
+        signal.signal(os.WTERMSIG(status), signal.SIG_DFL)  # Python ignores some (SIGXFSZ, SIGPIPE)
+    os.kill(os.getpid(), os.WTERMSIG(status))
+sys.exit(os.waitstatus_to_exitcode(status))
+"""
+
 
 # strongest first; the first one this machine grants is used for every program
 STRATEGIES = (
-    Isolation(CLONE_NEWNS | CLONE_NEWNET, read_only=True),  # root
-    Isolation(CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWNET, read_only=True),  # unprivileged user namespaces
+    Isolation(CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWPID, read_only=True),  # root
+    Isolation(CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWPID, read_only=True),  # user namespaces
+    Isolation(CLONE_NEWNS | CLONE_NEWNET, read_only=True),
     Isolation(CLONE_NEWUSER | CLONE_NEWNET),
     Isolation(CLONE_NEWNET),
     Isolation(),
@@ -159,7 +187,7 @@ def isolation() -> Isolation:
             with tempfile.TemporaryDirectory(prefix="asyncspec-sandbox-") as scratch:
                 program = PROBE if strategy.read_only else "pass"
                 probe = subprocess.run(
-                    [sys.executable, "-I", "-S", "-c", program, os.path.join(outside, "written")],
+                    strategy.command(["-c", program, os.path.join(outside, "written")]),
                     preexec_fn=_confine(5, strategy, scratch),
                     capture_output=True,
                 )
@@ -170,6 +198,10 @@ def isolation() -> Isolation:
 
 def network_isolated() -> bool:
     return isolation().network
+
+
+def processes_isolated() -> bool:
+    return isolation().processes
 
 
 def files_protected() -> bool:
@@ -186,7 +218,7 @@ def run_untrusted(program: str, timeout_s: float) -> Outcome:
             out.write(program)
         os.chmod(path, 0o644)
         child = subprocess.Popen(
-            [sys.executable, "-I", "-S", path],
+            isolation().command([path]),
             cwd=directory,
             env={"PATH": "/usr/bin:/bin", "HOME": directory, "TMPDIR": directory},
             stdin=subprocess.DEVNULL,
