@@ -52,10 +52,10 @@ def stop(process) -> str:
 
 def test_temperature_1e_45_is_a_400_and_the_hardened_edge_goes_on(dirs):
     target_dir, drafter_dir, keys, api_key = dirs
-    cloud_address, port = free_address(), _free_port()
+    cloud_address, edge_address, port = free_address(), free_address(), _free_port()
     cloud = spawn("serve", "cloud", "--model", str(target_dir), "--bind", cloud_address, "--dtype", "fp32",
                   "--curve-secret", str(keys / "cloud.key_secret"), "--curve-clients", str(keys / "edges"))  # fmt: skip
-    edge = spawn("serve", "edge", "--model", str(drafter_dir), "--cloud", cloud_address, "--bind", free_address(),
+    edge = spawn("serve", "edge", "--model", str(drafter_dir), "--cloud", cloud_address, "--bind", edge_address,
                  "--http", f"127.0.0.1:{port}", "--dtype", "fp32", "--curve-secret", str(keys / "edge.key_secret"),
                  "--curve-server", str(keys / "cloud.key"), "--api-key-file", str(api_key))  # fmt: skip
     try:
@@ -68,7 +68,12 @@ def test_temperature_1e_45_is_a_400_and_the_hardened_edge_goes_on(dirs):
             openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="wrong-key-0123456789", max_retries=0
                           ).completions.create(model="tiny", prompt=PROMPT, max_tokens=4)  # fmt: skip
         completion = api.completions.create(model="tiny", prompt=PROMPT, max_tokens=16, temperature=0)
-        assert completion.choices[0].text == reference(target_dir, PROMPT, 16)
+        expected = reference(target_dir, PROMPT, 16)
+        assert completion.choices[0].text == expected
+        curve = ["--curve-secret", str(keys / "cloud.key_secret"), "--curve-server", str(keys / "edge.key")]
+        client = spawn("client", "--edge", edge_address, "--prompt", PROMPT, "--max-new-tokens", "16", *curve)
+        out, err = client.communicate(timeout=120)
+        assert client.returncode == 0 and out.strip() == expected, err  # the client socket speaks CURVE too
     finally:
         edge_log, cloud_log = stop(edge), stop(cloud)
     assert "Traceback" not in edge_log and "Traceback" not in cloud_log
