@@ -51,7 +51,7 @@ def test_open_requests_are_capped_per_connection_and_in_total(cloud):
     first, second, third = RawPeer(address), RawPeer(address), RawPeer(address)
     for request in (10, 11, 12):
         first.send_message(open_message(request))
-    assert [(n.request, n.reason) for n in nacks(first)] == [(12, "busy")]
+    assert [(n.request, n.reason) for n in nacks(first)] == [(12, "full")]
     for request in (20, 21):
         second.send_message(open_message(request))
     third.send_message(open_message(30))
@@ -82,3 +82,17 @@ def test_the_reply_cache_is_capped_in_bytes():
     assert cache.bytes <= 10_000 and len(cache) == 10 and (7, 0) not in cache
     cache.forget(49)
     assert (49, 0) not in cache and cache.bytes == 9000
+
+
+def test_an_edge_beyond_the_clouds_request_limit_gets_a_clear_error(target):
+    """A refused Open fails its request with the cloud's reason (it used to resync until max_resyncs)."""
+    from asyncspec.cloudedge.policy import EdgePolicy
+    from cloudedge_support import run_requests, services
+
+    drafter = model_pair(noise=0.05)[1]
+    config = CloudConfig(max_requests=1, max_requests_per_peer=1)
+    with services(target, drafter, EdgePolicy(block_size=4), config) as (gateway, cloud, _):
+        results = run_requests(gateway, [[3, 4, 5], [6, 7, 8]], 40)
+    refused = [r for r in results if r["type"] == "error"]
+    assert refused and all("limit of 1 open requests" in r["message"] for r in refused)
+    assert any(r["type"] == "done" for r in results) and cloud.counters.refused_opens >= 1

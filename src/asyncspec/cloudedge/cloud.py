@@ -78,7 +78,7 @@ class CloudCounters:
     invalid_frames: int = 0  # frames that failed the protocol's field checks
     request_errors: int = 0  # requests failed by an error while serving them (the service goes on)
     foreign_requests: int = 0  # messages naming a request another connection owns (refused)
-    refused_opens: int = 0  # new requests beyond the open-request limits (Nack "busy")
+    refused_opens: int = 0  # new requests beyond the open-request limits (Nack "full")
     forward_s: float = 0.0
 
     def as_dict(self) -> dict:
@@ -317,7 +317,7 @@ class CloudVerifier:
         refusal = self.quota.refusal(identity, message.request)
         if refusal:
             self.counters.refused_opens += 1
-            self._nack(identity, message.request, len(tokens) + 1, "busy", refusal)
+            self._nack(identity, message.request, len(tokens) + 1, "full", refusal)
             return
         self.counters.opens += 1
         if existing is not None:  # a resynchronisation: the open block will be verified afresh

@@ -482,6 +482,9 @@ class EdgeGateway:
         if request is None:
             return
         request.stats.nacks[nack.reason] += 1
+        if nack.reason == "full":  # refused at its Open, whatever block is open: retrying would loop
+            self._fail(request, f"the cloud refused the request: {nack.detail or 'it holds its limit of requests'}")
+            return
         if request.invalidated_bases[nack.base] > 0 and nack.reason in ("stale", "unknown"):
             request.invalidated_bases[nack.base] -= 1  # the answer to a runahead block already discarded
             return

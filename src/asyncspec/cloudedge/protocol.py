@@ -202,8 +202,10 @@ class Nack(Message):
     code: ClassVar[int] = 9
     request: int
     base: int
-    reason: str  # "unknown" (resend Open), "stale", "busy" (back-pressure: retry), "invalid"
-    detail: str = ""  # for "invalid" and "busy": what was wrong, in words
+    # "unknown" (resend Open), "stale", "busy" (back-pressure: retry), "invalid", "full" (the cloud
+    # holds its limit of open requests: this request is refused)
+    reason: str
+    detail: str = ""  # for "invalid" and "full": what was wrong, in words
 
 
 # ---------------------------------------------------------------- client <-> edge
@@ -253,7 +255,7 @@ MESSAGES: dict[int, type[Message]] = {
     m.code: m
     for m in (Open, Block, Verdict, CorrectionQuery, Correction, Close, Ping, Pong, Nack, Generate, Token, Done, Failed)
 }
-NACK_REASONS = frozenset({"unknown", "stale", "busy", "invalid"})
+NACK_REASONS = frozenset({"unknown", "stale", "busy", "invalid", "full"})
 CORRECTION_KINDS = frozenset({"topk", "proposals", "full"})
 _WIRE_TYPES = {
     "int": (int,),
