@@ -105,21 +105,49 @@ def random_frame(rng: random.Random) -> bytes:
     return msgpack.packb([code, *[hostile_value(rng) for _ in range(rng.randrange(9))]], use_bin_type=True)
 
 
+def conversation(rng: random.Random, request: int, epoch: int) -> list[wire.Message]:
+    """Frames that follow the protocol far enough to reach verification and correction: an Open, a block
+    at the right position with the right digest, hostile correction queries, a resync, a Close."""
+    sampling = wire.Sampling(rng.choice([0.0, 1.0, 0.5]), rng.choice([0, 7, 2**64 - 1]))
+    tokens = [rng.randrange(95) for _ in range(rng.choice([1, 2, 5]))]
+    n = rng.choice([0, 1, 3, 6])
+    block_id = wire.BlockId(request, len(tokens) + 1, n, sampling.digest())
+    q = np.asarray([rng.choice([1.0, 1e-30, 0.5, 0.0]) for _ in range(n)], dtype="<f4").tobytes()
+    block = wire.Block(block_id, rng.choice([0, 94, 95]), ids(rng, n), q if sampling.temperature else b"")
+    queries = [
+        wire.CorrectionQuery(
+            block_id,
+            rng.choice(["topk", "proposals", "full"]),
+            rng.choice([0, 4, 95, 2**24]),
+            rng.choice([0, 1, 96, 4096, 2**24]),
+        )  # fmt: skip
+        for _ in range(rng.randrange(1, 4))
+    ]
+    opened = wire.Open(request, wire.pack_ids(tokens), len(tokens), sampling.temperature, sampling.seed, 8, epoch)
+    resync = wire.Open(request, wire.pack_ids(tokens), len(tokens), sampling.temperature, sampling.seed, 8, epoch + 1)
+    closing = [wire.Close(request)] if rng.random() < 0.5 else []
+    return [opened, block, *queries, resync, block, *closing]
+
+
 def frames(rng: random.Random, count: int, requests: list[int]) -> list[list[bytes]]:
     """`count` multipart messages (usually one part): random, mutated and plausible-but-hostile frames."""
-    out = []
-    for _ in range(count):
+    out, epoch = [], 0
+    while len(out) < count:
         roll = rng.random()
-        if roll < 0.3:
+        if roll < 0.1:
+            epoch += 2
+            out += [[wire.encode(m)] for m in conversation(rng, rng.choice(requests), epoch)]
+            continue
+        if roll < 0.2:
             parts = [random_frame(rng)]
-        elif roll < 0.7:
+        elif roll < 0.55:
             parts = [mutated(wire.encode(plausible_message(rng, rng.choice(requests))), rng)]
         else:
             parts = [wire.encode(plausible_message(rng, rng.choice(requests)))]
         if rng.random() < 0.03:
             parts = parts + [rng.randbytes(8)]  # an extra part: malformed for the ROUTER
         out.append(parts)
-    return out
+    return out[:count]
 
 
 # ---------------------------------------------------------------- HTTP

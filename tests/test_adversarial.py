@@ -138,6 +138,9 @@ def test_10000_hostile_frames_to_the_cloud(live, pair, expected, baseline_rss):
     fuzz_batches(live, pair, expected, baseline_rss, live.cloud_address, live.cloud.traffic, "cloud", requests)
     counters = live.cloud.counters
     assert counters.invalid_frames > 0 and counters.nacks  # hostile frames were refused, with Nacks
+    handled = {"opens": counters.opens, "batches": counters.batches, "verified_positions": counters.positions_verified}
+    FIGURES["cloud"].update(handled, nacks=dict(counters.nacks), request_errors=counters.request_errors)
+    record("cloud", **FIGURES["cloud"])
     assert len(live.cloud.requests) <= 256 and live.cloud.replies.bytes <= live.cloud.config.decision_cache_bytes
 
 
