@@ -128,3 +128,36 @@ def test_a_foreign_host_header_is_refused_and_no_cors_headers_are_sent(live, pai
     assert rebound.status_code == 400
     preflight = client.options("/v1/completions", headers={"Origin": "http://evil.example"})
     assert "access-control-allow-origin" not in preflight.headers
+
+
+def test_the_served_edge_refuses_oversized_headers(live, pair):
+    """Headers are capped (32 KiB, httpguard.Guard: h11's own cap misses headers that arrive at once)."""
+    import socket
+    import threading
+    import time
+
+    import uvicorn
+
+    from asyncspec.httpguard import bind_listening_socket, uvicorn_limits
+
+    listening = bind_listening_socket("127.0.0.1", 0)
+    port = listening.getsockname()[1]
+    app = make_app(live.gateway, pair[1].tokenizer, "tiny")
+    server = uvicorn.Server(uvicorn.Config(app, log_level="error", **uvicorn_limits(4)))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [listening]}, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 20
+        while not server.started and time.monotonic() < deadline:
+            time.sleep(0.02)
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as connection:
+            huge = b"GET /v1/models HTTP/1.1\r\nHost: x\r\nX-Filler: " + b"a" * (100 << 10) + b"\r\n\r\n"
+            connection.sendall(huge)
+            reply = connection.recv(4096)
+        assert reply.startswith(b"HTTP/1.1 431")
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as connection:
+            connection.sendall(b"GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+            assert connection.recv(4096).startswith(b"HTTP/1.1 200")  # still serving
+    finally:
+        server.should_exit = True
+        thread.join(10)

@@ -19,6 +19,7 @@ from pathlib import Path
 from asyncspec.errors import InputError
 
 DEFAULT_MAX_BODY_BYTES = 1 << 20  # JSON completion requests are a few KB
+DEFAULT_MAX_HEADER_BYTES = 32 << 10  # h11's incomplete-event cap misses headers that arrive at once
 API_KEY_ENV = "ASYNCSPEC_API_KEY"
 FORM_OVERHEAD_BYTES = 64 << 10  # multipart boundaries and small text fields around an uploaded file
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1", "[::1]")
@@ -29,6 +30,7 @@ class GuardConfig:
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     api_key: str | None = None  # None: no authentication
     allowed_hosts: tuple[str, ...] = field(default=())  # empty: any Host header
+    max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES
 
 
 def allowed_hosts_for(bind_host: str, extra: tuple[str, ...] = ()) -> tuple[str, ...]:
@@ -132,7 +134,10 @@ class Guard:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
+        raw = scope.get("headers", [])
+        if sum(len(k) + len(v) for k, v in raw) > self.config.max_header_bytes:
+            return await send_error(send, 431, f"the request headers exceed {self.config.max_header_bytes} bytes")
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in raw}
         refusal = self._refusal(headers)
         if refusal is not None:
             return await send_error(send, *refusal)
