@@ -28,7 +28,7 @@ UINT32_MAX = 2**32 - 1
 MAX_BLOCK_CANDIDATES = 256  # no edge policy drafts more; the cloud's own cap (max_block) is tighter
 MAX_WIRE_TOKENS = 1 << 20  # tokens in one Open: far beyond any model's positions
 MAX_QUERY_INDEX = 1 << 24  # top-K / proposal-round indices: far beyond any vocabulary
-MAX_TEXT_CHARS = 1 << 20  # prompt and message strings
+MAX_TEXT_CHARS = 200_000  # a Generate prompt: the edge tokenizes it in its loop thread, so it stays short
 PROBABILITY_SLACK = 1e-6  # float32 softmax outputs may exceed 1 by an ulp
 
 
