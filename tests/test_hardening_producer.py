@@ -12,6 +12,7 @@ import torch
 from asyncspec.decoding.methods import METHODS
 from asyncspec.decoding.result import DecodeConfig
 from asyncspec.models.offline import ct2_model_dir
+from asyncspec.ondevice.buffer import CandidateBuffer, PublishedBatch
 from asyncspec.ondevice.producer import ProducerProcess, ProducerSpec
 from conftest import synthetic_speech, tiny_whisper
 
@@ -55,21 +56,53 @@ class KilledAfterStart:
         self.producer.finish(buffer)
 
 
-def test_a_ten_sample_input_is_decoded_exactly_without_a_producer_failure(target, producer):
+def test_a_ten_sample_chunk_is_decoded_exactly_without_a_producer_failure(target, producer):
+    """The producer pads chunks shorter than Whisper's STFT (a file's last chunk can be a few samples)."""
     result, truth = decode_both(target, producer, (0.3 * np.sin(np.arange(10))).astype(np.float32))
     assert result.tokens == truth
     assert result.stats.extra["producer_failure"] is None
     assert producer.process.is_alive()
 
 
-def test_a_source_error_fails_only_that_request_and_the_worker_serves_on(target, producer):
-    failures = producer.failures
-    buffer = producer.start(np.full((2, 2, 2), 0.5, dtype=np.float32))  # no source reads 3-D audio
-    producer.finish(buffer)
-    assert buffer.failure is not None and producer.failures == failures + 1
-    assert producer.process.is_alive()
-    result, truth = decode_both(target, producer, synthetic_speech(2.0))
-    assert result.tokens == truth and result.stats.extra["producer_failure"] is None
+class FailingOnOddRequests:
+    """A source that raises on every odd request id and publishes one token otherwise."""
+
+    def __init__(self, spec):
+        self.spec = spec
+
+    def run(self, request_id, audio, publish, should_stop):
+        if request_id % 2:
+            raise RuntimeError(f"the source broke on request {request_id}")
+        publish(PublishedBatch(request_id, "test", 0, (7,), None, 0.0, 0.0))
+
+
+def test_a_source_error_fails_only_that_request_and_the_worker_serves_on(monkeypatch):
+    """worker_main (run in a thread here, so the failing source can be patched in) reports the error
+    for its request and serves the next one."""
+    import multiprocessing
+    import threading
+
+    from asyncspec.ondevice import producer as producer_module
+
+    monkeypatch.setitem(producer_module.SOURCES, "failing", FailingOnOddRequests)
+    command_out, command_in = multiprocessing.Pipe(duplex=False)
+    batch_out, batch_in = multiprocessing.Pipe(duplex=False)
+    worker = threading.Thread(
+        target=producer_module.worker_main, args=(ProducerSpec(kind="failing"), command_out, batch_in)
+    )
+    worker.start()
+    assert batch_out.recv()[0] == "ready"
+    buffers = []
+    for request_id in (1, 2):
+        buffer = CandidateBuffer(request_id, batch_out)
+        command_in.send(("start", request_id, np.zeros(10, np.float32)))
+        while not buffer.finished:
+            buffer.accept(batch_out.recv())
+        buffers.append(buffer)
+    command_in.send(("close",))
+    worker.join(10)
+    assert "broke on request 1" in buffers[0].failure and buffers[0].tokens == []
+    assert buffers[1].failure is None and buffers[1].tokens == [7]
 
 
 def test_a_worker_killed_mid_request_falls_back_to_target_only_and_is_restarted(target, producer):
@@ -83,13 +116,14 @@ def test_a_worker_killed_mid_request_falls_back_to_target_only_and_is_restarted(
     assert producer.restarts == restarts + 1 and producer.process.is_alive()
 
 
-def test_transcribe_a_ten_sample_file_with_as2d_answers(tmp_path):
-    """The must-show payload through the CLI: no traceback, exit 0, a transcript line."""
+def test_transcribe_a_ten_sample_file_with_as2d_is_a_clear_input_error(tmp_path):
+    """The must-show payload through the CLI: no traceback, `asyncspec: error: ...`, exit 2 (the input
+    is validated before any model loads; the producer itself now also survives such a chunk, above)."""
     from cloudedge_support import spawn
 
     path = tmp_path / "tiny.wav"
     soundfile.write(path, (0.3 * np.sin(np.arange(10))).astype(np.float32), 16_000)
     process = spawn("transcribe", str(path), "--method", "as2d", "--model", "whisper-tiny.en", "--dtype", "fp32")
-    out, err = process.communicate(timeout=240)
-    assert process.returncode == 0, err
-    assert "Traceback" not in err and "tiny.wav [0] as2d" in out
+    _, err = process.communicate(timeout=240)
+    assert process.returncode == 2 and "Traceback" not in err
+    assert "asyncspec: error:" in err and "too short to transcribe" in err

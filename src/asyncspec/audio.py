@@ -17,6 +17,7 @@ SAMPLE_RATE = 16_000
 WINDOW_SECONDS = 30.0
 MAX_SECONDS = 4 * 3600.0  # longer inputs are almost surely a mistake (or a stream, not a file)
 SILENCE_PEAK = 1e-4  # full scale is 1.0; below this nothing is audible
+MIN_SECONDS = 0.1  # shorter holds no word; a 10-sample file once crashed As²d's producer
 MAX_RATE = 192_000  # beyond any real recording; a 384 kHz x 8-channel header is a decompression bomb
 MAX_CHANNELS = 8
 # What a file may decode to (frames x channels), whatever its header says: 10 minutes of 48 kHz stereo
@@ -101,6 +102,11 @@ def to_mono_16k(data: np.ndarray, rate: int) -> np.ndarray:
 def validate_samples(samples: np.ndarray, label: str) -> np.ndarray:
     if samples.size == 0:
         raise InputError(f"{label}: the audio is empty")
+    if samples.size < MIN_SECONDS * SAMPLE_RATE:
+        raise InputError(
+            f"{label}: {samples.size / SAMPLE_RATE * 1000:.1f} ms of audio is too short to transcribe "
+            f"(at least {MIN_SECONDS * 1000:.0f} ms)"
+        )
     if not np.isfinite(samples).all():
         raise InputError(f"{label}: the audio contains NaN or infinite samples")
     if float(np.abs(samples).max()) < SILENCE_PEAK:
