@@ -161,3 +161,13 @@ def test_the_served_edge_refuses_oversized_headers(live, pair):
     finally:
         server.should_exit = True
         thread.join(10)
+
+
+def test_an_overloaded_edge_answers_429_with_retry_after(pair):
+    from asyncspec.cloudedge.policy import EdgePolicy
+
+    with live_services(pair[0], pair[1], policy=EdgePolicy(block_size=4, max_waiting=0)) as services:
+        client = TestClient(make_app(services.gateway, pair[1].tokenizer, "tiny"))
+        response = client.post("/v1/completions", json=NORMAL)
+    assert response.status_code == 429 and response.headers["retry-after"] == "1"
+    assert "overloaded" in response.json()["error"]["message"]

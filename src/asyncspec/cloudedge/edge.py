@@ -244,7 +244,7 @@ class EdgeGateway:
                 break
             self.counters.submitted += 1
             if len(self.waiting) >= self.policy.max_waiting:
-                self._fail(request, "the edge is overloaded (too many waiting requests)")
+                self._fail(request, "the edge is overloaded (too many waiting requests)", capacity=True)
             else:
                 self.waiting.append(request)
         self._drop_cancelled()  # after the inbox: a cancel may follow its submission closely
@@ -483,7 +483,8 @@ class EdgeGateway:
             return
         request.stats.nacks[nack.reason] += 1
         if nack.reason == "full":  # refused at its Open, whatever block is open: retrying would loop
-            self._fail(request, f"the cloud refused the request: {nack.detail or 'it holds its limit of requests'}")
+            reason = nack.detail or "it holds its limit of requests"
+            self._fail(request, f"the cloud refused the request: {reason}", capacity=True)
             return
         if request.invalidated_bases[nack.base] > 0 and nack.reason in ("stale", "unknown"):
             request.invalidated_bases[nack.base] -= 1  # the answer to a runahead block already discarded
@@ -569,12 +570,13 @@ class EdgeGateway:
             }
         )
 
-    def _fail(self, request: EdgeRequest, reason: str) -> None:
+    def _fail(self, request: EdgeRequest, reason: str, capacity: bool = False) -> None:
+        """`capacity`: refused for lack of room (the client may retry later: HTTP 429), not for a fault."""
         if self.requests.pop(request.id, None) is not None and self.channel is not None:
             self._send(wire.Close(request.id), request)
         self._close_books(request)
         self.counters.failed += 1
-        request.emit({"type": "error", "message": reason, "tokens": list(request.generated)})
+        request.emit({"type": "error", "message": reason, "tokens": list(request.generated), "capacity": capacity})
 
     # ------------------------------------------------------------ failures
 

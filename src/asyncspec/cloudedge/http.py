@@ -40,6 +40,15 @@ def _error(status: int, message: str, param: str | None = None) -> JSONResponse:
     return JSONResponse(body, status_code=status)
 
 
+def _failed(final: dict) -> JSONResponse:
+    """A request the edge or the cloud could not complete: 429 (retry later) when refused for lack of
+    room, as OpenAI clients expect for back-pressure; 503 otherwise."""
+    if final.get("capacity"):
+        body = {"error": {"message": final["message"], "type": "rate_limit_exceeded", "param": None, "code": None}}
+        return JSONResponse(body, status_code=429, headers={"Retry-After": "1"})
+    return _error(503, final["message"])
+
+
 async def _json_body(request: Request) -> dict:
     try:
         body = json.loads(await request.body())
@@ -107,7 +116,7 @@ def make_app(gateway, tokenizer, model_name: str, chat: ChatFormatter | None = N
         if final is None:
             return _error(499, "the client disconnected")
         if final["type"] == "error":
-            return _error(503, final["message"])
+            return _failed(final)
         return _response(kind, meta, text.text(), final, len(ids))
 
     @app.post("/v1/completions")
