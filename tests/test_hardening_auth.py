@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import socket
 import stat
-import time
 from pathlib import Path
 
 import pytest
@@ -95,7 +94,8 @@ def test_another_connections_request_id_gets_a_nack(pair):
     owner, intruder = RawPeer(address), RawPeer(address)
     try:
         owner.send_message(wire.Open(123, wire.pack_ids([3, 4]), 2, 0.0, 0, 4, 0))
-        time.sleep(0.3)
+        owner.send_message(wire.Ping(0.0))  # answered after the Open: request 123 is the owner's now
+        owner.replies(until=lambda m: isinstance(m, wire.Pong))
         intruder.send_message(wire.Close(123))
         intruder.send_message(wire.Block(wire.BlockId(123, 3, 1, wire.Sampling().digest()), 5, wire.pack_ids([6]), b""))
         nacks = intruder.replies(timeout_s=1.0)

@@ -54,6 +54,8 @@ def test_open_requests_are_capped_per_connection_and_in_total(cloud):
     assert [(n.request, n.reason) for n in nacks(first)] == [(12, "full")]
     for request in (20, 21):
         second.send_message(open_message(request))
+    second.send_message(wire.Ping(0.0))  # answered after the Opens before it: the cloud is full now
+    assert any(isinstance(m, wire.Pong) for m in second.replies(until=lambda m: isinstance(m, wire.Pong)))
     third.send_message(open_message(30))
     [refused] = nacks(third)
     for peer in (first, second, third):
@@ -96,3 +98,13 @@ def test_an_edge_beyond_the_clouds_request_limit_gets_a_clear_error(target):
     refused = [r for r in results if r["type"] == "error"]
     assert refused and all("limit of 1 open requests" in r["message"] for r in refused)
     assert any(r["type"] == "done" for r in results) and cloud.counters.refused_opens >= 1
+
+
+def test_forgetting_a_request_touches_only_its_own_replies():
+    cache = ReplyCache(max_entries=100_000, max_bytes=1 << 30)
+    for request in range(20_000):
+        cache.put((request, 1), b"v", None)
+    cache.put((5, 2, "topk", 0), b"c", None)
+    cache.forget(5)
+    assert (5, 1) not in cache and (5, 2, "topk", 0) not in cache and len(cache) == 19_999
+    assert 5 not in cache.by_request and len(cache.by_request) == 19_999

@@ -13,11 +13,14 @@ DEFAULT_MAX_REQUESTS_PER_PEER = 512
 
 
 class ReplyCache:
-    """Encoded replies by key, oldest evicted first once either the count or the byte cap is reached."""
+    """Encoded replies by key, oldest evicted first once either the count or the byte cap is reached.
+    Keys start with the request id; an index by request makes forgetting a request cost its own
+    entries only (a scan of the whole cache per Close would let a peer burn the loop's time)."""
 
     def __init__(self, max_entries: int, max_bytes: int):
         self.max_entries, self.max_bytes = max_entries, max_bytes
         self.entries: OrderedDict[tuple, tuple[bytes, object]] = OrderedDict()
+        self.by_request: dict[int, set[tuple]] = {}
         self.bytes = 0
 
     def __contains__(self, key: tuple) -> bool:
@@ -32,19 +35,25 @@ class ReplyCache:
     def put(self, key: tuple, frame: bytes, message: object) -> None:
         self.pop(key)
         self.entries[key] = (frame, message)
+        self.by_request.setdefault(key[0], set()).add(key)
         self.bytes += len(frame)
         while self.entries and (len(self.entries) > self.max_entries or self.bytes > self.max_bytes):
-            _, (old, _) = self.entries.popitem(last=False)
-            self.bytes -= len(old)
+            self.pop(next(iter(self.entries)))
 
     def pop(self, key: tuple) -> None:
         entry = self.entries.pop(key, None)
-        if entry is not None:
-            self.bytes -= len(entry[0])
+        if entry is None:
+            return
+        self.bytes -= len(entry[0])
+        keys = self.by_request.get(key[0])
+        if keys is not None:
+            keys.discard(key)
+            if not keys:
+                del self.by_request[key[0]]
 
     def forget(self, request: int) -> None:
-        """Every reply of one request (keys start with the request id)."""
-        for key in [k for k in self.entries if k[0] == request]:
+        """Every reply of one request."""
+        for key in list(self.by_request.get(request, ())):
             self.pop(key)
 
 
