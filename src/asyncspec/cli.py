@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from asyncspec.commands import bench_cloudedge, serve
+from asyncspec.commands import bench_cloudedge, keys, serve
 from asyncspec.commands import link as link_command
 from asyncspec.errors import InputError, ModelNotPreparedError
 from asyncspec.profiling.deployed import CATALOG
@@ -103,6 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_commands(commands)
     ondemand_bench.add_arguments(benches.add_parser("ondemand", help=ondemand_bench.HELP), _decoding_options)
     listen.add_arguments(commands.add_parser("listen", help=listen.HELP), _decoding_options)
+    keys.add_arguments(commands.add_parser("keys", help=keys.HELP))
     return parser
 
 
@@ -122,6 +123,8 @@ def main(argv: list[str] | None = None) -> int:
 def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "link":  # before the imports below: the link proxy needs no torch
         return link_command.run(args)
+    if args.command == "keys":
+        return keys.run(args)
     if getattr(args, "threads", None):
         import torch
 

@@ -34,12 +34,16 @@ class IncrementalText:
         return self.tokenizer.decode(self.ids)
 
 
+MAX_CLIENT_MESSAGE_BYTES = 1 << 20  # a Generate is a prompt and a few numbers
+
+
 class ClientFront:
     """Runs inside the edge's loop thread (same thread as the socket)."""
 
-    def __init__(self, address: str, tokenizer, context: zmq.Context | None = None):
+    def __init__(self, address: str, tokenizer, context: zmq.Context | None = None, curve=None):
         context = context or zmq.Context.instance()
-        self.channel = Channel(make_socket(context, zmq.ROUTER, address, bind=True), TrafficCounters())
+        socket = make_socket(context, zmq.ROUTER, address, True, MAX_CLIENT_MESSAGE_BYTES, curve)
+        self.channel = Channel(socket, TrafficCounters(), self._rejected)
         self.socket = self.channel.socket
         self.tokenizer = tokenizer
 
@@ -70,8 +74,13 @@ class ClientFront:
                     self.channel.send(wire.Failed(message.tag, event["message"]), identity)
 
             gateway.submit(ids, message.max_new_tokens, sampling, message.eps_req, emit)
-        except ValueError as error:
+        except Exception as error:  # bad options or a tokenizer failure: this request fails, the edge goes on
             self.channel.send(wire.Failed(message.tag, str(error)), identity)
+
+    def _rejected(self, identity: bytes | None, error: wire.ProtocolError) -> None:
+        """A Generate whose fields failed their checks gets a Failed reply that says why."""
+        if identity is not None and isinstance(error.message, wire.Generate):
+            self.channel.send(wire.Failed(error.message.tag, str(error)), identity)
 
     def close(self) -> None:
         self.channel.close()
@@ -92,9 +101,9 @@ class Completion:
 class EdgeClient:
     """`with EdgeClient("tcp://127.0.0.1:5556") as c: c.generate("def f(x):", max_new_tokens=32)`."""
 
-    def __init__(self, address: str, timeout_s: float = 600.0):
+    def __init__(self, address: str, timeout_s: float = 600.0, curve=None):
         self.context = zmq.Context.instance()
-        self.channel = Channel(make_socket(self.context, zmq.DEALER, address, bind=False))
+        self.channel = Channel(make_socket(self.context, zmq.DEALER, address, False, curve=curve))
         self.timeout_s = timeout_s
         self.tags = itertools.count(1)
 

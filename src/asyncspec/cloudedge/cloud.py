@@ -18,14 +18,16 @@ from __future__ import annotations
 import hashlib
 import random
 import time
-from collections import Counter, OrderedDict, deque
+from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 import zmq
 
+from asyncspec.cloudedge import limits, validation
 from asyncspec.cloudedge import protocol as wire
+from asyncspec.cloudedge.auth import CurveKeys, start_authenticator
 from asyncspec.cloudedge.transport import Channel, TrafficCounters, make_socket
 from asyncspec.models.base import DecoderState
 from asyncspec.models.batched import extend_batch
@@ -42,7 +44,12 @@ class CloudConfig:
     max_queue: int = 1024  # queued blocks before new ones get Nack("busy")
     batch_wait_s: float = 0.0  # wait up to this long for more blocks before a forward (0: form from what is queued)
     decision_cache: int = 65_536  # cached replies for duplicates and retransmissions
+    decision_cache_bytes: int = limits.DEFAULT_REPLY_CACHE_BYTES  # ... and their bytes
+    max_requests: int = limits.DEFAULT_MAX_REQUESTS  # open requests (KV caches) in total
+    max_requests_per_peer: int = limits.DEFAULT_MAX_REQUESTS_PER_PEER
+    max_message_bytes: int = limits.DEFAULT_MAX_MESSAGE_BYTES  # larger frames are dropped by ZeroMQ
     first_k_cap: int = 4096  # largest top-K accepted in an Open
+    max_block: int = 64  # candidates per block: the verification width (fp32 logits [n + 1, V] per block)
     idle_request_s: float = 900.0  # a request not heard of this long (its edge is gone) is dropped
     poll_ms: int = 20
 
@@ -68,6 +75,10 @@ class CloudCounters:
     corrections: Counter = field(default_factory=Counter)  # kind -> queries answered
     pings: int = 0
     idle_dropped: int = 0
+    invalid_frames: int = 0  # frames that failed the protocol's field checks
+    request_errors: int = 0  # requests failed by an error while serving them (the service goes on)
+    foreign_requests: int = 0  # messages naming a request another connection owns (refused)
+    refused_opens: int = 0  # new requests beyond the open-request limits (Nack "full")
     forward_s: float = 0.0
 
     def as_dict(self) -> dict:
@@ -99,6 +110,21 @@ class CloudRequest:
     touched: float = field(default_factory=time.monotonic)
 
 
+@dataclass
+class PendingOpen:
+    """An accepted Open whose prefill has not run yet: prefills run when the request's first block
+    is taken into a batch, or while the cloud is idle — never inside the receive loop, where a
+    flood of Opens would hold up every other peer's blocks."""
+
+    identity: bytes
+    message: wire.Open
+    tokens: list[int]
+
+    @property
+    def epoch(self) -> int:
+        return self.message.epoch
+
+
 def derived_seed(*parts) -> int:
     digest = hashlib.blake2b(repr(parts).encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little") >> 1
@@ -118,7 +144,9 @@ class CloudVerifier:
         self.queue: deque[tuple[bytes, wire.Block]] = deque()
         self.queued: set[tuple[int, int]] = set()
         self.reply_to: dict[tuple[int, int], bytes] = {}  # newest identity a queued block came from
-        self.replies: OrderedDict[tuple, tuple[bytes, wire.Message]] = OrderedDict()
+        self.replies = limits.ReplyCache(self.config.decision_cache, self.config.decision_cache_bytes)
+        self.quota = limits.RequestQuota(self.config.max_requests, self.config.max_requests_per_peer)
+        self.opening: dict[int, PendingOpen] = {}  # request -> its Open waiting for a prefill
         self.counters = CloudCounters()
         self.traffic = TrafficCounters()
         self.channel: Channel | None = None
@@ -126,23 +154,49 @@ class CloudVerifier:
 
     # ------------------------------------------------------------ service loop
 
-    def serve(self, address: str, should_stop: Callable[[], bool], on_ready: Callable[[], None] = lambda: None) -> None:
-        context = zmq.Context.instance()
-        self.channel = Channel(make_socket(context, zmq.ROUTER, address, bind=True), self.traffic)
+    def serve(
+        self,
+        address: str,
+        should_stop: Callable[[], bool],
+        on_ready: Callable[[], None] = lambda: None,
+        curve: CurveKeys | None = None,
+    ) -> None:
+        """Serve until should_stop(); `curve`: this cloud's CURVE keys (and the edges it admits)."""
+        # an authenticator is one per context: a cloud that checks client keys gets a context of its own
+        context = zmq.Context() if curve is not None and curve.authorized_dir else zmq.Context.instance()
+        authenticator = start_authenticator(context, curve)
+        socket = make_socket(context, zmq.ROUTER, address, True, self.config.max_message_bytes, curve)
+        self.channel = Channel(socket, self.traffic, self._invalid_frame)
+        try:
+            self._loop(should_stop, on_ready)
+        finally:
+            self.channel.close()
+            if authenticator is not None:
+                authenticator.stop()
+                context.term()
+
+    def _loop(self, should_stop: Callable[[], bool], on_ready: Callable[[], None]) -> None:
         poller = zmq.Poller()
         poller.register(self.channel.socket, zmq.POLLIN)
         on_ready()
+        while not should_stop():
+            timeout = 0 if self.queue or self.opening else self.config.poll_ms
+            if poller.poll(timeout):
+                self._drain(poller)
+            if self.queue:
+                self._wait_for_more(poller)
+                self._run_batch_guarded()
+            self._prefill_while_idle()
+            self._drop_idle()
+
+    def _run_batch_guarded(self) -> None:
+        """A batch whose forward fails is lost, not the service: its blocks go unanswered, their
+        edges retransmit, and the error is counted (per-block errors are contained in run_batch)."""
         try:
-            while not should_stop():
-                timeout = 0 if self.queue else self.config.poll_ms
-                if poller.poll(timeout):
-                    self._drain(poller)
-                if self.queue:
-                    self._wait_for_more(poller)
-                    self.run_batch()
-                self._drop_idle()
-        finally:
-            self.channel.close()
+            self.run_batch()
+        except Exception as error:
+            self.counters.request_errors += 1
+            print(f"asyncspec cloud: a verification batch failed: {type(error).__name__}: {error}", flush=True)
 
     def _drop_idle(self) -> None:
         now = time.monotonic()
@@ -151,7 +205,7 @@ class CloudVerifier:
         self._last_idle_check = now
         for request_id, request in list(self.requests.items()):
             if now - request.touched > self.config.idle_request_s:
-                del self.requests[request_id]
+                self._drop_request(request_id)
                 self.counters.idle_dropped += 1
 
     def _drain(self, poller: zmq.Poller, limit: int = 10_000) -> None:
@@ -168,7 +222,42 @@ class CloudVerifier:
             if poller.poll(max(1, int((deadline - time.monotonic()) * 1000))):
                 self._drain(poller)
 
+    def _invalid_frame(self, identity: bytes | None, error: wire.ProtocolError) -> None:
+        """A frame that failed its field checks: answer the request it names, so the edge learns why."""
+        self.counters.invalid_frames += 1
+        message = error.message
+        request = wire.request_of(message) if message is not None else None
+        if identity is not None and request is not None:
+            base = message.id.base if hasattr(message, "id") else 0
+            self._nack(identity, request, base, "invalid", str(error))
+
     def handle(self, identity: bytes, message: wire.Message) -> None:
+        """One message; an error while serving it fails its request only (Nack "invalid"), never the loop."""
+        try:
+            self._dispatch(identity, message)
+        except Exception as error:  # a defect or an input no check foresaw: contain it to its request
+            self._request_failed(identity, message, error)
+        request_id = wire.request_of(message)
+        if request_id is not None and request_id not in self.requests and request_id not in self.opening:
+            self.traffic.forget(request_id)  # byte counters live only as long as their request
+
+    def _request_failed(self, identity: bytes, message: wire.Message, error: Exception) -> None:
+        self.counters.request_errors += 1
+        request = wire.request_of(message)
+        if request is None:
+            return
+        self._drop_request(request)
+        base = message.id.base if hasattr(message, "id") else 0
+        detail = f"the cloud failed this request: {type(error).__name__}: {error}"
+        self._nack(identity, request, base, "invalid", detail)
+
+    def _dispatch(self, identity: bytes, message: wire.Message) -> None:
+        request_id = wire.request_of(message)
+        if request_id is not None and not self.quota.owns(identity, request_id):
+            self.counters.foreign_requests += 1  # another connection's request: no state, no cached reply
+            base = message.id.base if hasattr(message, "id") else 0
+            self._nack(identity, request_id, base, "invalid", "the request id belongs to another connection")
+            return
         handlers = {
             wire.Block: self._admit,
             wire.Open: self._open,
@@ -188,14 +277,12 @@ class CloudVerifier:
     def _send(self, identity: bytes, message: wire.Message, cache_key: tuple | None = None) -> None:
         frame = wire.encode(message)
         if cache_key is not None:
-            self.replies[cache_key] = (frame, message)
-            while len(self.replies) > self.config.decision_cache:
-                self.replies.popitem(last=False)
+            self.replies.put(cache_key, frame, message)
         self.channel.send_frame(frame, message, identity)
 
-    def _nack(self, identity: bytes, request: int, base: int, reason: str) -> None:
+    def _nack(self, identity: bytes, request: int, base: int, reason: str, detail: str = "") -> None:
         self.counters.nacks[reason] += 1
-        self._send(identity, wire.Nack(request, base, reason))
+        self._send(identity, wire.Nack(request, base, reason, detail[:500]))
 
     def _resend_cached(self, identity: bytes, key: tuple) -> bool:
         if key not in self.replies:
@@ -215,29 +302,53 @@ class CloudVerifier:
     def _open(self, identity: bytes, message: wire.Open) -> None:
         tokens = wire.unpack_ids(message.tokens)
         existing = self.requests.get(message.request)
-        if existing is not None and message.epoch <= existing.epoch:
+        known = [r.epoch for r in (existing, self.opening.get(message.request)) if r is not None]
+        if known and message.epoch <= max(known):
             self.counters.stale_opens += 1  # a duplicated or late Open: the request has moved on
             return
-        bad = (
-            not 0 <= message.prompt_len <= len(tokens) + 1
-            or len(tokens) + 1 > self.target.max_length
-            or any(t >= self.target.vocab_size for t in tokens)
-            or not 0 <= message.first_k <= self.config.first_k_cap
-        )
-        if bad:
-            self._nack(identity, message.request, len(tokens) + 1, "invalid")
+        target = self.target
+        problem = validation.open_problem(message, target.vocab_size, target.max_length, self.config.first_k_cap)
+        if problem:
+            self._nack(identity, message.request, len(tokens) + 1, "invalid", problem)
+            return
+        refusal = self.quota.refusal(identity, message.request)
+        if refusal:
+            self.counters.refused_opens += 1
+            self._nack(identity, message.request, len(tokens) + 1, "full", refusal)
             return
         self.counters.opens += 1
         if existing is not None:  # a resynchronisation: the open block will be verified afresh
             self._forget_replies(message.request)
             if self._rewind(existing, message, tokens):
                 return
+        self.requests.pop(message.request, None)  # its KV no longer matches: blocks wait for the new prefill
+        self.opening[message.request] = PendingOpen(identity, message, tokens)
+        self.quota.add(identity, message.request)
+
+    def _prefill(self, request_id: int) -> None:
+        pending = self.opening.pop(request_id)
+        tokens, message = pending.tokens, pending.message
         state = self.target.empty_state()
         if tokens:  # the same blocks as target-only decoding of this prompt (+ output so far)
             self.target.prefill_tokens(state, tokens, message.prompt_len)
-        self.requests[message.request] = CloudRequest(
+        self.requests[request_id] = CloudRequest(
             message.prompt_len, message.sampling, message.first_k, message.epoch, state
         )
+
+    def _prefill_guarded(self, request_id: int, identity: bytes, message: wire.Message) -> bool:
+        """Prefill a pending request; a failure fails that request only (False)."""
+        try:
+            self._prefill(request_id)
+            return True
+        except Exception as error:
+            self._request_failed(identity, message, error)
+            return False
+
+    def _prefill_while_idle(self) -> None:
+        """With no block queued, prefill the oldest pending Open (one per loop turn)."""
+        if self.opening and not self.queue:
+            request_id, pending = next(iter(self.opening.items()))
+            self._prefill_guarded(request_id, pending.identity, pending.message)
 
     def _rewind(self, request: CloudRequest, message: wire.Open, tokens: list[int]) -> bool:
         """A resynchronisation whose prefix this cloud already holds: crop instead of re-prefilling."""
@@ -252,11 +363,19 @@ class CloudVerifier:
         return True
 
     def _forget_replies(self, request: int) -> None:
-        for key in [k for k in self.replies if k[0] == request]:
-            del self.replies[key]
+        self.replies.forget(request)
+
+    def _drop_request(self, request: int) -> None:
+        """Everything held for a request: its KV, its owner's quota, its cached replies, its byte counters."""
+        self.requests.pop(request, None)
+        self.opening.pop(request, None)
+        self.quota.remove(request)
+        self.replies.forget(request)
+        self.traffic.forget(request)
 
     def _close(self, identity: bytes, message: wire.Close) -> None:
-        if self.requests.pop(message.request, None) is not None:
+        if message.request in self.requests or message.request in self.opening:
+            self._drop_request(message.request)
             self.counters.closes += 1
 
     # ------------------------------------------------------------ blocks
@@ -288,26 +407,24 @@ class CloudVerifier:
                 return True
         return False
 
-    def _problem(self, block: wire.Block) -> str | None:
-        """Why this block cannot be verified against its request's confirmed prefix (None: it can)."""
+    def _problem(self, block: wire.Block) -> tuple[str, str] | None:
+        """Why this block cannot be verified against its request's confirmed prefix: (Nack reason,
+        detail), or None when it can."""
         request = self.requests.get(block.id.request)
         if request is None:
-            return "unknown"
+            return "unknown", ""
         if block.id.config != request.sampling.digest():
-            return "invalid"
-        candidates = wire.unpack_ids(block.candidates)
-        if block.id.base + len(candidates) > self.target.max_length:
-            return "invalid"
-        if any(t >= self.target.vocab_size for t in [block.root, *candidates]):
-            return "invalid"
-        if block.q_full and len(block.q_full) != 4 * len(candidates) * self.target.vocab_size:
-            return "invalid"
+            return "invalid", "the block's sampling digest differs from its request's"
+        target, sampled = self.target, not request.sampling.greedy
+        problem = validation.block_problem(block, sampled, target.vocab_size, target.max_length, self.config.max_block)
+        if problem:
+            return "invalid", problem
         if request.state.length < block.id.base - 1:
-            return "unknown"  # the edge is ahead of what this cloud holds: resynchronise
+            return "unknown", ""  # the edge is ahead of what this cloud holds: resynchronise
         if request.state.length > block.id.base - 1:
-            return "stale"
+            return "stale", ""
         if request.expected_root is not None and block.root != request.expected_root:
-            return "stale"
+            return "stale", ""
         return None
 
     def _take_batch(self) -> list[tuple[bytes, wire.Block]]:
@@ -321,9 +438,12 @@ class CloudVerifier:
                 continue
             if self._resend_cached(identity, block.id.key()):
                 continue
+            pending = block.id.request in self.opening
+            if pending and not self._prefill_guarded(block.id.request, identity, block):
+                continue
             problem = self._problem(block)
             if problem:
-                self._nack(identity, block.id.request, block.id.base, problem)
+                self._nack(identity, block.id.request, block.id.base, *problem)
                 continue
             batch.append((identity, block))
             requests.add(block.id.request)
@@ -346,12 +466,18 @@ class CloudVerifier:
         self.counters.largest_batch = max(self.counters.largest_batch, len(batch))
         self.counters.batch_sizes[len(batch)] += 1
         for (identity, block), request, logits in zip(batch, requests, all_logits, strict=True):
-            self.counters.positions_verified += logits.shape[0]
-            verdict = self._decide(block, request, logits)
-            keep = block.id.base + verdict.accepted
-            if request.state.length > keep:
-                self.target.rollback(request.state, keep)
-            self._send(identity, verdict, block.id.key())
+            try:
+                self._answer(identity, block, request, logits)
+            except Exception as error:  # fails this block's request only; the batch's others are answered
+                self._request_failed(identity, block, error)
+
+    def _answer(self, identity: bytes, block: wire.Block, request: CloudRequest, logits: torch.Tensor) -> None:
+        self.counters.positions_verified += logits.shape[0]
+        verdict = self._decide(block, request, logits)
+        keep = block.id.base + verdict.accepted
+        if request.state.length > keep:
+            self.target.rollback(request.state, keep)
+        self._send(identity, verdict, block.id.key())
 
     def _decide(self, block: wire.Block, request: CloudRequest, logits: torch.Tensor) -> wire.Verdict:
         """logits [n + 1, V]: row i predicts the token after root, c1, ..., ci."""
@@ -423,5 +549,5 @@ class CloudVerifier:
         return {
             "cloud": self.counters.as_dict(),
             "traffic": self.traffic.as_dict(),
-            "open_requests": len(self.requests),
+            "open_requests": len(self.requests) + len(self.opening),
         }

@@ -14,7 +14,7 @@ fails the outstanding requests with a clear error; nothing hangs.
 from __future__ import annotations
 
 import queue
-import threading
+import secrets
 import time
 from collections import Counter, deque
 from collections.abc import Callable
@@ -24,7 +24,10 @@ import torch
 import zmq
 
 from asyncspec.cloudedge import protocol as wire
+from asyncspec.cloudedge import validation
+from asyncspec.cloudedge.auth import CurveKeys, connection_id
 from asyncspec.cloudedge.correction import Ask, CorrectionSession, Decided, FidelityBudget
+from asyncspec.cloudedge.limits import DEFAULT_MAX_MESSAGE_BYTES
 from asyncspec.cloudedge.policy import EdgePolicy
 from asyncspec.cloudedge.requests import EdgeRequest, Emit, OpenBlock
 from asyncspec.cloudedge.transport import Channel, TrafficCounters, make_socket
@@ -50,6 +53,9 @@ class EdgeCounters:
     invalidated_tokens: int = 0
     promoted_blocks: int = 0  # runahead blocks whose presumption held
     max_open_blocks: int = 0  # most blocks of one request open at once
+    request_errors: int = 0  # requests failed by an error while serving them (the edge goes on)
+    cancelled: int = 0  # requests their client abandoned (an HTTP client that disconnected)
+    invalid_replies: int = 0  # cloud replies that failed their checks (their request fails)
 
     def as_dict(self) -> dict:
         out = dict(self.__dict__)
@@ -65,11 +71,22 @@ class CloudInfo:
 
 
 class EdgeGateway:
-    def __init__(self, drafter: Decoder, cloud_address: str, policy: EdgePolicy | None = None):
+    def __init__(
+        self,
+        drafter: Decoder,
+        cloud_address: str,
+        policy: EdgePolicy | None = None,
+        curve: CurveKeys | None = None,
+        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+    ):
         self.drafter = drafter
         self.cloud_address = cloud_address
+        self.curve = curve  # this edge's CURVE keys and the cloud's public key (None: plain TCP)
+        self.max_message_bytes = max_message_bytes
+        self.connection_id = connection_id()  # owns this edge's requests at the cloud, across reconnections
         self.policy = policy or EdgePolicy()
         self.inbox: queue.Queue = queue.Queue()
+        self.cancellations: queue.Queue = queue.Queue()  # request ids whose clients went away
         self.waiting: deque[EdgeRequest] = deque()
         self.requests: dict[int, EdgeRequest] = {}
         self.ready: deque[int] = deque()
@@ -84,8 +101,6 @@ class EdgeGateway:
         # how long that ping stays unanswered *after the socket was drained*, so an edge that was
         # itself busy (drafting, admitting many requests) does not mistake its own pause for a dead cloud
         self.unanswered_since: float | None = None
-        self.next_id = (int(time.time() * 1000) & 0xFFFFFF) << 20  # unique across edge restarts
-        self.id_lock = threading.Lock()
         self.fatal: str | None = None
 
     # ------------------------------------------------------------ submission (any thread)
@@ -93,11 +108,12 @@ class EdgeGateway:
     def submit(self, prompt_ids, max_new_tokens: int, sampling: wire.Sampling, eps_req: float, emit: Emit) -> int:
         if not prompt_ids:
             raise ValueError("the prompt is empty")
-        if eps_req < 0 or max_new_tokens < 1:
-            raise ValueError("eps_req must be >= 0 and max_new_tokens >= 1")
-        with self.id_lock:
-            self.next_id += 1
-            request_id = self.next_id
+        if not 0 <= eps_req <= 1 or max_new_tokens < 1:
+            raise ValueError("eps_req must be within [0, 1] and max_new_tokens >= 1")
+        problem = validation.sampling_problem(sampling.temperature, sampling.seed)
+        if problem:
+            raise ValueError(problem)
+        request_id = secrets.randbits(64)  # unpredictable: another peer cannot guess and touch it
         request = EdgeRequest(
             request_id,
             tuple(int(t) for t in prompt_ids),
@@ -105,10 +121,14 @@ class EdgeGateway:
             max_new_tokens,
             FidelityBudget(eps_req),
             emit,
-            make_generator(sampling.seed + 0x5EED),  # the edge's own stream, independent of the cloud's
+            make_generator((sampling.seed + 0x5EED) % 2**64),  # the edge's own stream, independent of the cloud's
         )
         self.inbox.put(request)
         return request_id
+
+    def cancel(self, request_id: int) -> None:
+        """Abandon a request (any thread): its drafting stops and the cloud frees its state."""
+        self.cancellations.put(request_id)
 
     # ------------------------------------------------------------ service loop
 
@@ -118,13 +138,23 @@ class EdgeGateway:
         on_ready()
         try:
             while not should_stop():
-                self.step(client)
+                self._step_guarded(client)
         finally:
             for request in list(self.requests.values()) + list(self.waiting):
                 self._fail(request, "the edge is shutting down")
             self.channel.close()
             if client is not None:
                 client.close()
+
+    def _step_guarded(self, client) -> None:
+        """Errors inside a request are contained where they happen; anything that still escapes a
+        step is counted and reported, and the loop goes on rather than failing every request."""
+        try:
+            self.step(client)
+        except Exception as error:
+            self.counters.request_errors += 1
+            print(f"asyncspec edge: a service step failed: {type(error).__name__}: {error}", flush=True)
+            time.sleep(0.01)  # a fault that repeats every step must not spin a core
 
     def step(self, client=None) -> None:
         self._admit()
@@ -146,7 +176,17 @@ class EdgeGateway:
     def _connect(self) -> None:
         if self.channel is not None:
             self.channel.close()
-        self.channel = Channel(make_socket(self.context, zmq.DEALER, self.cloud_address, bind=False), self.traffic)
+        socket = make_socket(
+            self.context, zmq.DEALER, self.cloud_address, False, self.max_message_bytes, self.curve, self.connection_id
+        )
+        self.channel = Channel(socket, self.traffic, self._rejected_reply)
+
+    def _rejected_reply(self, identity: bytes | None, error: wire.ProtocolError) -> None:
+        """A cloud reply that failed its checks: its request cannot be trusted to go on."""
+        self.counters.invalid_replies += 1
+        request = self.requests.get(wire.request_of(error.message)) if error.message is not None else None
+        if request is not None:
+            self._fail(request, f"the cloud sent an invalid reply ({error})")
 
     def _drain_cloud(self, limit: int = 1000) -> None:
         for _ in range(limit):
@@ -157,7 +197,21 @@ class EdgeGateway:
                 continue
             self.last_heard = time.monotonic()
             self.unanswered_since = None
-            self._handle(received[1])
+            self._handle_guarded(received[1])
+
+    def _handle_guarded(self, message: wire.Message) -> None:
+        try:
+            self._handle(message)
+        except Exception as error:  # contained to the request the reply is about
+            self._request_error(self.requests.get(wire.request_of(message)), error)
+        request_id = wire.request_of(message)
+        if request_id is not None and request_id not in self.requests:
+            self.traffic.forget(request_id)  # replies about unknown requests must not grow the byte counters
+
+    def _request_error(self, request: EdgeRequest | None, error: Exception) -> None:
+        self.counters.request_errors += 1
+        if request is not None:
+            self._fail(request, f"the edge failed this request: {type(error).__name__}: {error}")
 
     def _send(self, message: wire.Message, request: EdgeRequest | None = None) -> None:
         size = self.channel.send(message)
@@ -168,6 +222,20 @@ class EdgeGateway:
 
     # ------------------------------------------------------------ admission
 
+    def _drop_cancelled(self) -> None:
+        while True:
+            try:
+                request_id = self.cancellations.get_nowait()
+            except queue.Empty:
+                return
+            request = self.requests.get(request_id) or next((r for r in self.waiting if r.id == request_id), None)
+            if request is None:
+                continue  # it had already finished
+            self.counters.cancelled += 1
+            if request in self.waiting:
+                self.waiting.remove(request)
+            self._fail(request, "cancelled by the client")
+
     def _admit(self) -> None:
         while True:
             try:
@@ -176,15 +244,20 @@ class EdgeGateway:
                 break
             self.counters.submitted += 1
             if len(self.waiting) >= self.policy.max_waiting:
-                self._fail(request, "the edge is overloaded (too many waiting requests)")
+                self._fail(request, "the edge is overloaded (too many waiting requests)", capacity=True)
             else:
                 self.waiting.append(request)
+        self._drop_cancelled()  # after the inbox: a cancel may follow its submission closely
         if self.fatal:
             for request in list(self.waiting):
                 self._fail(request, self.fatal)
             self.waiting.clear()
         while self.cloud is not None and self.waiting and len(self.requests) < self.policy.max_active:
-            self._start(self.waiting.popleft())
+            request = self.waiting.popleft()
+            try:
+                self._start(request)
+            except Exception as error:  # e.g. the drafter's prefill: this request fails, not the edge
+                self._request_error(request, error)
 
     def _start(self, request: EdgeRequest) -> None:
         request.stats.started = time.monotonic()
@@ -232,7 +305,11 @@ class EdgeGateway:
         if request is None:
             return
         start = time.perf_counter()
-        block = self._draft_block(request, ahead=request.open is not None)
+        try:
+            block = self._draft_block(request, ahead=request.open is not None)
+        except Exception as error:  # the drafter failed on this request's input: fail it alone
+            self._request_error(request, error)
+            return
         elapsed = time.perf_counter() - start
         request.stats.draft_s += elapsed
         if block is not None:
@@ -302,6 +379,12 @@ class EdgeGateway:
             self._pong(message)
             return
         request = self.requests.get(wire.request_of(message))
+        problem = validation.reply_problem(message, self.drafter.vocab_size)
+        if problem:
+            self.counters.invalid_replies += 1
+            if request is not None:
+                self._fail(request, f"the cloud sent an invalid reply ({problem})")
+            return
         if isinstance(message, wire.Verdict):
             self._verdict(request, message)
         elif isinstance(message, wire.Correction):
@@ -399,6 +482,10 @@ class EdgeGateway:
         if request is None:
             return
         request.stats.nacks[nack.reason] += 1
+        if nack.reason == "full":  # refused at its Open, whatever block is open: retrying would loop
+            reason = nack.detail or "it holds its limit of requests"
+            self._fail(request, f"the cloud refused the request: {reason}", capacity=True)
+            return
         if request.invalidated_bases[nack.base] > 0 and nack.reason in ("stale", "unknown"):
             request.invalidated_bases[nack.base] -= 1  # the answer to a runahead block already discarded
             return
@@ -408,7 +495,8 @@ class EdgeGateway:
         if nack.reason == "busy":
             request.open.retry_at = time.monotonic() + self.policy.busy_retry_s
         elif nack.reason == "invalid":
-            self._fail(request, "the cloud rejected the request as invalid")
+            detail = f": {nack.detail}" if nack.detail else ""
+            self._fail(request, f"the cloud rejected the request as invalid{detail}")
         else:
             self._resync(request)
 
@@ -482,12 +570,13 @@ class EdgeGateway:
             }
         )
 
-    def _fail(self, request: EdgeRequest, reason: str) -> None:
+    def _fail(self, request: EdgeRequest, reason: str, capacity: bool = False) -> None:
+        """`capacity`: refused for lack of room (the client may retry later: HTTP 429), not for a fault."""
         if self.requests.pop(request.id, None) is not None and self.channel is not None:
             self._send(wire.Close(request.id), request)
         self._close_books(request)
         self.counters.failed += 1
-        request.emit({"type": "error", "message": reason, "tokens": list(request.generated)})
+        request.emit({"type": "error", "message": reason, "tokens": list(request.generated), "capacity": capacity})
 
     # ------------------------------------------------------------ failures
 

@@ -1,6 +1,8 @@
 """OpenAI-compatible HTTP endpoints on the edge (FastAPI): /v1/completions, /v1/chat/completions
 (both with `stream`), /v1/models. `temperature=0` is greedy; /v1/completions feeds the raw prompt
-exactly as `asyncspec generate --prompt` does. Extension: `eps_req` (per-request TV budget)."""
+exactly as `asyncspec generate --prompt` does. Extension: `eps_req` (per-request TV budget).
+Fields are checked in http_options.py (OpenAI-style 400s); the app is wrapped in httpguard.Guard
+(API key, Host allow-list, body cap); a client that disconnects cancels its request."""
 
 from __future__ import annotations
 
@@ -10,13 +12,14 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from asyncspec.cloudedge import protocol as wire
 from asyncspec.cloudedge.client import IncrementalText
+from asyncspec.cloudedge.http_options import BadRequest, CompletionOptions, parse_messages, parse_options, parse_prompt
+from asyncspec.httpguard import Guard, GuardConfig, install_error_handlers
 
-DEFAULT_MAX_TOKENS = 16
+DISCONNECT_CHECK_S = 1.0  # how often a waiting request looks whether its client is still there
 
 
 class ChatFormatter:
@@ -32,101 +35,111 @@ class ChatFormatter:
         return "\n".join([*lines, "assistant:"])
 
 
-class BadRequest(ValueError):
-    pass
+def _error(status: int, message: str, param: str | None = None) -> JSONResponse:
+    body = {"error": {"message": message, "type": "invalid_request_error", "param": param, "code": None}}
+    return JSONResponse(body, status_code=status)
 
 
-def _options(body: dict) -> tuple[int, wire.Sampling, float]:
-    max_tokens = body.get("max_tokens") or body.get("max_completion_tokens") or DEFAULT_MAX_TOKENS
-    temperature = body.get("temperature")
-    temperature = 1.0 if temperature is None else temperature
-    seed = body.get("seed") or 0
-    eps_req = body.get("eps_req") or 0.0
-    valid = (
-        isinstance(max_tokens, int)
-        and max_tokens >= 1
-        and isinstance(temperature, int | float)
-        and temperature >= 0
-        and isinstance(seed, int)
-        and isinstance(eps_req, int | float)
-        and eps_req >= 0
-    )
-    if not valid:
-        raise BadRequest("max_tokens must be >= 1, temperature >= 0, seed an integer, eps_req >= 0")
-    return max_tokens, wire.Sampling(wire.f32(float(temperature)), seed), float(eps_req)
+def _failed(final: dict) -> JSONResponse:
+    """A request the edge or the cloud could not complete: 429 (retry later) when refused for lack of
+    room, as OpenAI clients expect for back-pressure; 503 otherwise."""
+    if final.get("capacity"):
+        body = {"error": {"message": final["message"], "type": "rate_limit_exceeded", "param": None, "code": None}}
+        return JSONResponse(body, status_code=429, headers={"Retry-After": "1"})
+    return _error(503, final["message"])
 
 
-def _error(status: int, message: str) -> JSONResponse:
-    return JSONResponse({"error": {"message": message, "type": "invalid_request_error"}}, status_code=status)
+async def _json_body(request: Request) -> dict:
+    try:
+        body = json.loads(await request.body())
+    except (ValueError, RecursionError) as error:  # RecursionError: nesting deeper than the parser's stack
+        raise BadRequest(f"the body is not valid JSON ({type(error).__name__})") from None
+    if not isinstance(body, dict):
+        raise BadRequest("the body must be a JSON object")
+    return body
 
 
-def make_app(gateway, tokenizer, model_name: str, chat: ChatFormatter | None = None) -> FastAPI:
+def make_app(gateway, tokenizer, model_name: str, chat: ChatFormatter | None = None, guard: GuardConfig | None = None):
     app = FastAPI(title="asyncspec edge")
+    install_error_handlers(app)
     chat = chat or ChatFormatter()
 
-    async def events(ids: list[int], max_tokens: int, sampling: wire.Sampling, eps_req: float) -> AsyncIterator[dict]:
+    async def events(ids: list[int], options: CompletionOptions, client: Request) -> AsyncIterator[dict]:
+        """The request's events; a client that disconnects cancels its generation at the edge."""
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue = asyncio.Queue()
-        gateway.submit(
-            ids, max_tokens, sampling, eps_req, lambda event: loop.call_soon_threadsafe(queue.put_nowait, event)
+        request_id = gateway.submit(
+            ids,
+            options.max_tokens,
+            options.sampling,
+            options.eps_req,
+            lambda event: loop.call_soon_threadsafe(queue.put_nowait, event),
         )
-        while True:
-            event = await queue.get()
-            yield event
-            if event["type"] != "token":
-                return
+        finished, checked = False, time.monotonic()
+        try:
+            while True:
+                try:
+                    event = await asyncio.wait_for(queue.get(), DISCONNECT_CHECK_S)
+                except TimeoutError:
+                    event = None
+                if time.monotonic() - checked >= DISCONNECT_CHECK_S:  # also while tokens keep coming
+                    checked = time.monotonic()
+                    if await client.is_disconnected():
+                        return
+                if event is None:
+                    continue
+                finished = event["type"] != "token"
+                yield event
+                if finished:
+                    return
+        finally:
+            if not finished:
+                gateway.cancel(request_id)
 
-    async def serve(body: dict, prompt: str, kind: str):
-        max_tokens, sampling, eps_req = _options(body)
-        ids = tokenizer.encode(prompt)
+    async def serve(client: Request, body: dict, prompt: str, kind: str):
+        options = parse_options(body)
+        ids = await asyncio.to_thread(tokenizer.encode, prompt)  # long prompts must not stall the event loop
         if not ids:
-            raise BadRequest("the prompt is empty")
-        stream = events(ids, max_tokens, sampling, eps_req)
+            raise BadRequest("the prompt is empty", "prompt")
+        positions = gateway.drafter.max_length
+        if len(ids) >= positions:  # no room for a single generated token
+            raise BadRequest(f"the prompt ({len(ids)} tokens) exceeds the model's {positions} positions", "prompt")
+        stream = events(ids, options, client)
         meta = {"id": f"{kind}-{uuid.uuid4().hex[:16]}", "created": int(time.time()), "model": model_name}
-        if body.get("stream"):
+        if options.stream:
             return StreamingResponse(_sse(stream, tokenizer, meta, kind), media_type="text/event-stream")
         text, final = IncrementalText(tokenizer), None
         async for event in stream:
             if event["type"] == "token":
                 text.add(event["token"])
             final = event
+        if final is None:
+            return _error(499, "the client disconnected")
         if final["type"] == "error":
-            return _error(503, final["message"])
+            return _failed(final)
         return _response(kind, meta, text.text(), final, len(ids))
 
     @app.post("/v1/completions")
-    async def completions(body: dict):
+    async def completions(client: Request):
         try:
-            prompt = body.get("prompt")
-            if isinstance(prompt, list) and len(prompt) == 1:
-                prompt = prompt[0]
-            if not isinstance(prompt, str):
-                raise BadRequest("prompt must be a string")
-            return await serve(body, prompt, "cmpl")
+            body = await _json_body(client)
+            return await serve(client, body, parse_prompt(body), "cmpl")
         except BadRequest as error:
-            return _error(400, str(error))
+            return _error(400, str(error), error.param)
 
     @app.post("/v1/chat/completions")
-    async def chat_completions(body: dict):
+    async def chat_completions(client: Request):
         try:
-            messages = body.get("messages")
-            if not isinstance(messages, list) or not messages or not all(_is_message(m) for m in messages):
-                raise BadRequest("messages must be a non-empty list of {role, content}")
-            return await serve(body, chat(messages), "chatcmpl")
+            body = await _json_body(client)
+            return await serve(client, body, chat(parse_messages(body)), "chatcmpl")
         except BadRequest as error:
-            return _error(400, str(error))
+            return _error(400, str(error), error.param)
 
     @app.get("/v1/models")
     async def models():
         return {"object": "list", "data": [{"id": model_name, "object": "model", "owned_by": "asyncspec"}]}
 
-    return app
-
-
-def _is_message(message) -> bool:
-    return (
-        isinstance(message, dict) and isinstance(message.get("role"), str) and isinstance(message.get("content"), str)
-    )
+    return Guard(app, guard or GuardConfig())
 
 
 def _finish_reason(event: dict) -> str:

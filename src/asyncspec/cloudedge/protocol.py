@@ -24,7 +24,12 @@ import torch
 
 
 class ProtocolError(ValueError):
-    """A frame that is not a valid message of this protocol."""
+    """A frame that is not a valid message of this protocol. `message`: the decoded message when
+    only its field checks failed, so the receiver can answer the request it names."""
+
+    def __init__(self, text: str, message: Message | None = None):
+        super().__init__(text)
+        self.message = message
 
 
 # ---------------------------------------------------------------- arrays on the wire
@@ -73,7 +78,7 @@ class Sampling:
         return self.temperature <= 0
 
     def digest(self) -> int:
-        return zlib.crc32(struct.pack("<fq", self.temperature, self.seed))
+        return zlib.crc32(struct.pack("<fQ", self.temperature, self.seed))  # seeds are unsigned 64-bit
 
 
 @dataclass(frozen=True)
@@ -197,7 +202,10 @@ class Nack(Message):
     code: ClassVar[int] = 9
     request: int
     base: int
-    reason: str  # "unknown" (resend Open), "stale", "busy" (back-pressure: retry), "invalid"
+    # "unknown" (resend Open), "stale", "busy" (back-pressure: retry), "invalid", "full" (the cloud
+    # holds its limit of open requests: this request is refused)
+    reason: str
+    detail: str = ""  # for "invalid" and "full": what was wrong, in words
 
 
 # ---------------------------------------------------------------- client <-> edge
@@ -247,7 +255,7 @@ MESSAGES: dict[int, type[Message]] = {
     m.code: m
     for m in (Open, Block, Verdict, CorrectionQuery, Correction, Close, Ping, Pong, Nack, Generate, Token, Done, Failed)
 }
-NACK_REASONS = frozenset({"unknown", "stale", "busy", "invalid"})
+NACK_REASONS = frozenset({"unknown", "stale", "busy", "invalid", "full"})
 CORRECTION_KINDS = frozenset({"topk", "proposals", "full"})
 _WIRE_TYPES = {
     "int": (int,),
@@ -271,7 +279,7 @@ def decode(frame: bytes) -> Message:
         body = msgpack.unpackb(frame, raw=False, strict_map_key=True)
     except Exception as error:  # msgpack raises several types for garbage
         raise ProtocolError(f"not msgpack: {error}") from error
-    if not isinstance(body, list) or not body or body[0] not in MESSAGES:
+    if not isinstance(body, list) or not body or not _is_int(body[0]) or body[0] not in MESSAGES:
         raise ProtocolError("not a message of this protocol")
     cls = MESSAGES[body[0]]
     specs = fields(cls)
@@ -301,17 +309,12 @@ def _is_int(value) -> bool:
 
 
 def _validate(message: Message) -> None:
-    """Cross-field checks every receiver relies on."""
-    if isinstance(message, Block):
-        n = len(unpack_ids(message.candidates))
-        if n != message.id.n or (message.q and len(message.q) != 4 * n) or message.root < 0:
-            raise ProtocolError("Block: candidates, q and id disagree")
-    if isinstance(message, CorrectionQuery | Correction) and message.kind not in CORRECTION_KINDS:
-        raise ProtocolError(f"unknown correction kind {message.kind!r}")
-    if isinstance(message, Nack) and message.reason not in NACK_REASONS:
-        raise ProtocolError(f"unknown nack reason {message.reason!r}")
-    if isinstance(message, Verdict) and len(message.support_ids) != len(message.support_p):
-        raise ProtocolError("Verdict: support ids and probabilities disagree")
+    """Field checks every receiver relies on (ranges, finiteness, lengths): cloudedge/validation.py."""
+    from asyncspec.cloudedge.validation import message_problem  # it imports this module
+
+    problem = message_problem(message)
+    if problem:
+        raise ProtocolError(f"{type(message).__name__}: {problem}", message)
 
 
 def request_of(message: Message) -> int | None:

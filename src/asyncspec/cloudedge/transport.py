@@ -4,6 +4,7 @@ frame that does not decode is dropped and counted, never raised into the service
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import zmq
@@ -39,11 +40,30 @@ class TrafficCounters:
         self.per_request_received.pop(request, None)
 
 
-def make_socket(context: zmq.Context, kind: int, address: str, bind: bool) -> zmq.Socket:
+def make_socket(
+    context: zmq.Context,
+    kind: int,
+    address: str,
+    bind: bool,
+    max_message_bytes: int | None = None,
+    curve=None,
+    routing_id: bytes | None = None,
+) -> zmq.Socket:
+    """A socket with bounded queues; `max_message_bytes` makes ZeroMQ drop a peer that sends a larger
+    frame (never buffered); `curve` (auth.CurveKeys) turns on CURVE, as server when binding."""
+    from asyncspec.cloudedge.auth import apply_curve
+
     socket = context.socket(kind)
     socket.setsockopt(zmq.LINGER, 0)
     socket.setsockopt(zmq.SNDHWM, HIGH_WATER_MARK)
     socket.setsockopt(zmq.RCVHWM, HIGH_WATER_MARK)
+    if max_message_bytes is not None:
+        socket.setsockopt(zmq.MAXMSGSIZE, max_message_bytes)
+    if routing_id is not None:
+        socket.setsockopt(zmq.ROUTING_ID, routing_id)
+    if kind == zmq.ROUTER:
+        socket.setsockopt(zmq.ROUTER_HANDOVER, 1)  # a reconnecting edge (same routing id) takes its requests along
+    apply_curve(socket, curve, server=bind)
     if bind:
         socket.bind(address)
     else:
@@ -51,13 +71,20 @@ def make_socket(context: zmq.Context, kind: int, address: str, bind: bool) -> zm
     return socket
 
 
-class Channel:
-    """A socket plus counters. ROUTER sockets address peers by identity; DEALERs pass None."""
+Rejected = Callable[[bytes | None, ProtocolError], None]
 
-    def __init__(self, socket: zmq.Socket, counters: TrafficCounters | None = None):
+
+class Channel:
+    """A socket plus counters. ROUTER sockets address peers by identity; DEALERs pass None.
+    `on_rejected(identity, error)` hears of every frame that failed its checks (to answer it)."""
+
+    def __init__(
+        self, socket: zmq.Socket, counters: TrafficCounters | None = None, on_rejected: Rejected | None = None
+    ) -> None:
         self.socket = socket
         self.router = socket.type == zmq.ROUTER
         self.counters = counters or TrafficCounters()
+        self.on_rejected = on_rejected
 
     def send(self, message: Message, identity: bytes | None = None) -> int:
         return self.send_frame(encode(message), message, identity)
@@ -89,7 +116,12 @@ class Channel:
             return None
         try:
             message = decode(parts[-1])
-        except ProtocolError:
+        except ProtocolError as error:
+            self.counters.malformed += 1
+            if self.on_rejected is not None:
+                self.on_rejected(identity, error)
+            return None
+        except Exception:  # a decoder defect must cost one frame, never the service (fuzzing found one)
             self.counters.malformed += 1
             return None
         name = type(message).__name__

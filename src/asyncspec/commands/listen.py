@@ -28,6 +28,12 @@ def add_arguments(parser, decoding_options: Callable) -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--max-queue", type=int, default=4, help="requests waiting beyond this get HTTP 429")
+    parser.add_argument(
+        "--api-key-file", metavar="FILE", help="require `Authorization: Bearer KEY` (env ASYNCSPEC_API_KEY too)"
+    )
+    parser.add_argument("--allow-host", action="append", default=[], help="an extra Host name the API answers")
+    parser.add_argument("--max-upload-bytes", type=int, default=32 << 20, help="largest uploaded file")
+    parser.add_argument("--max-connections", type=int, default=32, help="concurrent HTTP connections")
     parser.add_argument("--auto", action="store_true", help="transcribe every block as it completes (no server)")
     parser.add_argument("--reset-s", type=float, default=12.0, help="--auto: audio and text context reset period")
     parser.add_argument("--out", default="out", help="--auto: folder for listen_auto.json and listen_auto.png")
@@ -48,25 +54,37 @@ def run(args) -> int:
 
     if args.max_queue < 1:
         raise InputError(f"--max-queue must be at least 1, got {args.max_queue}")
+    if args.max_upload_bytes < 1024:
+        raise InputError(f"--max-upload-bytes must be at least 1024, got {args.max_upload_bytes}")
     if args.reset_s < args.block_s:
         raise InputError(f"--reset-s ({args.reset_s}) must be at least --block-s ({args.block_s})")
     config = decode_config(args)
     LatestWindow(args.window_s)  # checks --window-s
     blocks = input_blocks(args)  # a bad file fails here, before any model is loaded
+    http = None if args.auto else _bind_http(args)  # a busy port or bad option fails before the models load
     with load_models(args, WhisperBackend, "speech") as (target, drafters):
         if args.auto:
             return run_auto(args, target, drafters, config, blocks)
-        return serve(args, target, drafters, config, blocks)
+        return serve(args, target, drafters, config, blocks, http)
 
 
-def serve(args, target, drafters, config, blocks) -> int:
+def _bind_http(args):
+    from asyncspec.httpguard import FORM_OVERHEAD_BYTES, bind_listening_socket, guard_config
+
+    guard = guard_config(args.host, args.api_key_file, args.max_upload_bytes + FORM_OVERHEAD_BYTES, args.allow_host)
+    return bind_listening_socket(args.host, args.port), guard
+
+
+def serve(args, target, drafters, config, blocks, http) -> int:
     import uvicorn
 
+    from asyncspec.httpguard import uvicorn_limits
     from asyncspec.ondemand.engine import Engine
     from asyncspec.ondemand.ingest import Ingestor
     from asyncspec.ondemand.prepared_state import Preparer
-    from asyncspec.ondemand.service import create_app, service_status
+    from asyncspec.ondemand.service import UploadLimits, create_app, service_status
 
+    listening, guard = http
     window = LatestWindow(args.window_s)
     preparer = Preparer(target, window, args.language).start()
     ingestor = Ingestor(blocks, window)
@@ -74,13 +92,39 @@ def serve(args, target, drafters, config, blocks) -> int:
     engine = Engine(target, drafters, window, preparer, ingestor, args.max_queue, args.methods[0], config).start()
     ingestor.start()
     print(f"asyncspec listen: http://{args.host}:{args.port} (methods {', '.join(args.methods)})", file=sys.stderr)
+    app = create_app(engine, args.model, UploadLimits(max_bytes=args.max_upload_bytes), guard)
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", **uvicorn_limits(args.max_connections)))
+    died = _watch_threads(server, {"preparation": preparer.thread, "request worker": engine.thread})
     try:
-        uvicorn.run(create_app(engine, args.model), host=args.host, port=args.port, log_level="warning")
+        server.run(sockets=[listening])
     finally:
         engine.close()
         preparer.close()
         print(json.dumps(service_status(engine)), file=sys.stderr)
+    if died:
+        print(f"asyncspec: error: the {died[0]} thread died; the service stopped", file=sys.stderr)
+        return 1
     return 0
+
+
+def _watch_threads(server, threads: dict) -> list[str]:
+    """A background thread that dies stops the whole service, loudly, instead of leaving an HTTP
+    front whose requests wait on it; returns the (filled-in later) name of the thread that died."""
+    import threading
+
+    died: list[str] = []
+
+    def watch() -> None:
+        while not server.should_exit:
+            dead = [name for name, thread in threads.items() if not thread.is_alive()]
+            if dead:
+                died.extend(dead)
+                server.should_exit = True
+                return
+            threading.Event().wait(0.5)
+
+    threading.Thread(target=watch, name="watchdog", daemon=True).start()
+    return died
 
 
 def run_auto(args, target, drafters, config, blocks) -> int:

@@ -21,6 +21,8 @@ def add_commands(commands) -> None:
     cloud.add_argument("--max-batch", type=int, default=32, help="blocks per batched target forward")
     cloud.add_argument("--max-queue", type=int, default=1024, help="queued blocks before back-pressure")
     cloud.add_argument("--batch-wait-ms", type=float, default=0.0, help="wait for more blocks before a forward")
+    _cloud_limits(cloud)
+    _curve_options(cloud, server=True)
     _model_options(cloud)
     edge = roles.add_parser("edge", help="edge gateway: the drafter, requests, scheduling, HTTP API")
     edge.add_argument("--model", default="qwen2.5-coder-0.5b", help="drafter: registered name, directory or HF id")
@@ -36,6 +38,8 @@ def add_commands(commands) -> None:
     edge.add_argument("--preset", help="a benchmark method preset (asymspec, standard, runahead, cosine, ablations)")
     edge.add_argument("--dead-after", type=float, default=30.0, help="seconds of cloud silence before resubmitting")
     edge.add_argument("--give-up", type=float, default=300.0, help="seconds of cloud silence before failing requests")
+    _http_options(edge)
+    _curve_options(edge, server=False)
     _model_options(edge)
     client = commands.add_parser("client", help="send a prompt to an edge gateway")
     client.add_argument("--edge", default="tcp://127.0.0.1:5556")
@@ -46,6 +50,46 @@ def add_commands(commands) -> None:
     client.add_argument("--eps-req", type=float, default=0.0, help="per-request TV budget for bounded corrections")
     client.add_argument("--timeout", type=float, default=600.0)
     client.add_argument("--json", action="store_true", help="print the result and its statistics as JSON")
+    client.add_argument("--curve-secret", metavar="FILE", help="this client's CURVE secret key file")
+    client.add_argument("--curve-server", metavar="FILE", help="the edge's CURVE public key file")
+
+
+def _cloud_limits(parser: argparse.ArgumentParser) -> None:
+    from asyncspec.cloudedge import limits
+
+    parser.add_argument("--max-block", type=int, default=64, help="candidates per block (the verification width)")
+    parser.add_argument("--max-requests", type=int, default=limits.DEFAULT_MAX_REQUESTS, help="open requests")
+    parser.add_argument(
+        "--max-requests-per-peer", type=int, default=limits.DEFAULT_MAX_REQUESTS_PER_PEER, help="per connection"
+    )
+    parser.add_argument(
+        "--max-message-bytes", type=int, default=limits.DEFAULT_MAX_MESSAGE_BYTES, help="largest frame accepted"
+    )
+    parser.add_argument(
+        "--reply-cache-bytes", type=int, default=limits.DEFAULT_REPLY_CACHE_BYTES, help="cached replies, in bytes"
+    )
+
+
+def _curve_options(parser: argparse.ArgumentParser, server: bool) -> None:
+    parser.add_argument("--curve-secret", metavar="FILE", help="this service's CURVE secret key (asyncspec keys)")
+    if server:
+        parser.add_argument("--curve-clients", metavar="DIR", help="admit only the public keys in this folder")
+    else:
+        parser.add_argument("--curve-server", metavar="FILE", help="the cloud's CURVE public key file")
+    parser.add_argument(
+        "--allow-insecure", action="store_true", help="bind off loopback without CURVE keys (trusted networks only)"
+    )
+
+
+def _http_options(parser: argparse.ArgumentParser) -> None:
+    from asyncspec.httpguard import DEFAULT_MAX_BODY_BYTES
+
+    parser.add_argument(
+        "--api-key-file", metavar="FILE", help="require `Authorization: Bearer KEY` (env ASYNCSPEC_API_KEY too)"
+    )
+    parser.add_argument("--http-max-body", type=int, default=DEFAULT_MAX_BODY_BYTES, help="request body bytes")
+    parser.add_argument("--http-max-connections", type=int, default=64, help="concurrent HTTP connections")
+    parser.add_argument("--allow-host", action="append", default=[], help="an extra Host name the HTTP API answers")
 
 
 def _model_options(parser: argparse.ArgumentParser) -> None:
@@ -92,14 +136,29 @@ def _ready(message: str):
 def run_cloud(args) -> int:
     import zmq
 
+    from asyncspec.cloudedge.auth import require_keys_off_loopback, server_keys
     from asyncspec.cloudedge.cloud import CloudConfig, CloudVerifier
 
+    curve = server_keys(args.curve_secret, args.curve_clients) if args.curve_secret else None
+    require_keys_off_loopback(args.bind, curve, "--curve-secret", args.allow_insecure)
     target = _load(args.model, args.dtype)
-    config = CloudConfig(max_batch=args.max_batch, max_queue=args.max_queue, batch_wait_s=args.batch_wait_ms / 1000)
+    config = CloudConfig(
+        max_batch=args.max_batch,
+        max_queue=args.max_queue,
+        batch_wait_s=args.batch_wait_ms / 1000,
+        max_block=args.max_block,
+        max_requests=args.max_requests,
+        max_requests_per_peer=args.max_requests_per_peer,
+        max_message_bytes=args.max_message_bytes,
+        decision_cache_bytes=args.reply_cache_bytes,
+    )
     cloud = CloudVerifier(target, config)
     stop = StopFlag()
+    secured = " (CURVE)" if curve else ""
     try:
-        cloud.serve(args.bind, stop, _ready(f"asyncspec cloud ready on {args.bind} (model {args.model})"))
+        cloud.serve(
+            args.bind, stop, _ready(f"asyncspec cloud ready on {args.bind}{secured} (model {args.model})"), curve
+        )
     except zmq.ZMQError as error:
         raise InputError(f"cannot bind {args.bind}: {error}") from error
     finally:
@@ -133,17 +192,27 @@ def _policy(args):
     return policy
 
 
-def _http_server(gateway, drafter, args):
-    import uvicorn
-
-    from asyncspec.cloudedge.http import ChatFormatter, make_app
+def _bind_http(args):
+    """(socket, guard) for --http, before any model loads: a busy port or bad option fails at once."""
+    from asyncspec.httpguard import bind_listening_socket, guard_config
 
     host, _, port = args.http.rpartition(":")
     if not host or not port.isdigit():
         raise InputError(f"--http must be HOST:PORT, not {args.http!r}")
-    app = make_app(gateway, drafter.tokenizer, args.model, ChatFormatter(_hf_tokenizer(args.model)))
-    server = uvicorn.Server(uvicorn.Config(app, host=host, port=int(port), log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
+    guard = guard_config(host, args.api_key_file, args.http_max_body, tuple(args.allow_host))
+    return bind_listening_socket(host, int(port)), guard
+
+
+def _http_server(gateway, drafter, args, listening, guard):
+    import uvicorn
+
+    from asyncspec.cloudedge.http import ChatFormatter, make_app
+    from asyncspec.httpguard import uvicorn_limits
+
+    app = make_app(gateway, drafter.tokenizer, args.model, ChatFormatter(_hf_tokenizer(args.model)), guard)
+    config = uvicorn.Config(app, log_level="warning", **uvicorn_limits(args.http_max_connections))
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [listening]}, daemon=True)
     thread.start()
     return server, thread
 
@@ -163,30 +232,51 @@ def _hf_tokenizer(name: str):
 def run_edge(args) -> int:
     import zmq
 
+    from asyncspec.cloudedge.auth import client_keys, require_keys_off_loopback, server_keys
     from asyncspec.cloudedge.client import ClientFront
     from asyncspec.cloudedge.edge import EdgeGateway
 
     policy = _policy(args)
+    cloud_curve = _edge_curve(args, client_keys)
+    front_curve = server_keys(args.curve_secret) if args.curve_secret else None
+    require_keys_off_loopback(args.bind, front_curve, "--curve-secret", args.allow_insecure)
+    http = _bind_http(args) if args.http else None
     drafter = _load(args.model, args.dtype, engine="transformers")  # drafts need not be exact
-    gateway = EdgeGateway(drafter, args.cloud, policy)
+    gateway = EdgeGateway(drafter, args.cloud, policy, curve=cloud_curve)
     stop = StopFlag()
     try:
-        front = ClientFront(args.bind, drafter.tokenizer)
+        front = ClientFront(args.bind, drafter.tokenizer, curve=front_curve)
     except zmq.ZMQError as error:
         raise InputError(f"cannot bind {args.bind}: {error}") from error
-    server = None
+    server, thread = None, None
     try:
         if args.http:
-            server, _ = _http_server(gateway, drafter, args)
-            while not server.started and not stop():
-                threading.Event().wait(0.05)
+            server, thread = _http_server(gateway, drafter, args, *http)
+            _wait_started(server, thread, stop)
         where = f"{args.bind}" + (f", http://{args.http}" if args.http else "")
-        gateway.serve(stop, _ready(f"asyncspec edge ready on {where} (model {args.model}, cloud {args.cloud})"), front)
+        ready = _ready(f"asyncspec edge ready on {where} (model {args.model}, cloud {args.cloud})")
+        http_dead = (lambda: not thread.is_alive()) if thread is not None else (lambda: False)
+        gateway.serve(lambda: stop() or http_dead(), ready, front)
+        if http_dead() and not stop():  # the HTTP thread ended on its own: fail loudly, not serve half a service
+            raise RuntimeError("the HTTP server thread stopped; the edge is shutting down")
     finally:
         if server is not None:
             server.should_exit = True
         _log_exit("edge", gateway.summary())
     return 0
+
+
+def _edge_curve(args, client_keys):
+    if bool(args.curve_secret) != bool(args.curve_server):
+        raise InputError("CURVE needs both --curve-secret (this edge's) and --curve-server (the cloud's public key)")
+    return client_keys(args.curve_secret, args.curve_server) if args.curve_secret else None
+
+
+def _wait_started(server, thread: threading.Thread, stop) -> None:
+    while not server.started and not stop():
+        if not thread.is_alive():
+            raise InputError(f"the HTTP server did not start on {server.config.host}:{server.config.port}")
+        threading.Event().wait(0.05)
 
 
 def run_client(args) -> int:
@@ -197,7 +287,12 @@ def run_client(args) -> int:
     options = dict(
         max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed, eps_req=args.eps_req
     )
-    with EdgeClient(args.edge, timeout_s=args.timeout) as client:
+    from asyncspec.cloudedge.auth import client_keys
+
+    if bool(args.curve_secret) != bool(args.curve_server):
+        raise InputError("CURVE needs both --curve-secret (this client's) and --curve-server (the edge's public key)")
+    curve = client_keys(args.curve_secret, args.curve_server) if args.curve_secret else None
+    with EdgeClient(args.edge, timeout_s=args.timeout, curve=curve) as client:
         try:
             for item in client.stream(args.prompt, **options):
                 if isinstance(item, Completion):

@@ -109,6 +109,7 @@ def _as2d_figures(trace: Trace, buffer: CandidateBuffer, stats: DecodeStats, n_t
     return {
         "accounting": account(producer, verifier, start, end).as_dict(),
         "published": len(buffer.tokens),
+        "producer_failure": buffer.failure,  # the producer errored or died: the rest was decoded target-only
         "stale_batches_dropped": buffer.stale_dropped,
         "used": stats.drafted,
         "coverage": stats.accepted / n_tokens if n_tokens else 0.0,

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from asyncspec.audio import SAMPLE_RATE, split_windows
+from asyncspec.audio import SAMPLE_RATE, decode_audio_bytes, split_windows
 from asyncspec.decoding.methods import METHODS
 from asyncspec.decoding.result import DecodeConfig, DecodeResult
 from asyncspec.errors import InputError
@@ -41,14 +41,26 @@ class RequestCancelled(RuntimeError):
     """The client went away; the request's work was stopped."""
 
 
+@dataclass(frozen=True)
+class Upload:
+    """An uploaded file, decoded by the worker only once the request holds a queue slot: decoding
+    is the costly part of an upload, so it must not run for requests the queue would refuse."""
+
+    data: bytes
+    label: str
+    max_seconds: float
+    max_samples: int
+
+
 @dataclass
 class Job:
     method: str
-    audio: np.ndarray  # the request's fixed audio view (float32, 16 kHz)
+    audio: np.ndarray  # the request's fixed audio view (float32, 16 kHz); empty until an upload is decoded
     config: DecodeConfig
     live_version: int | None = None  # live requests: blocks received at arrival
     live_end_s: float | None = None
     language: str = "en"
+    upload: Upload | None = None
     arrived: float = field(default_factory=time.perf_counter)
     cancelled: threading.Event = field(default_factory=threading.Event)
     future: Future = field(default_factory=Future)
@@ -155,11 +167,19 @@ class Engine:
         return self
 
     def close(self) -> None:
+        """Stop the worker: waiting jobs fail with 503 (which also makes room, so the stop signal is
+        never lost to a full queue); the job in progress ends at its next target call."""
         self._closed = True
-        try:
-            self.queue.put_nowait(None)
-        except queue.Full:
-            pass
+        if self.current is not None:
+            self.current.cancelled.set()
+        while True:
+            try:
+                job = self.queue.get_nowait()
+            except queue.Empty:
+                break
+            if job is not None:
+                job.future.set_exception(ServiceUnavailable("the service is shutting down"))
+        self.queue.put(None)  # the queue is empty now: this cannot block for long
         self.thread.join(timeout=30)
 
     # -- submission (any thread) --
@@ -172,8 +192,14 @@ class Engine:
             raise InputError(f"method {method!r} is not loaded in this service (start it with --method {method})")
         return method
 
-    def submit_upload(self, audio: np.ndarray, method: str | None, config: DecodeConfig | None, language="en") -> Job:
-        return self._submit(Job(self.check_method(method), audio, config or self.default_config, language=language))
+    def submit_upload(
+        self, audio: np.ndarray | Upload, method: str | None, config: DecodeConfig | None, language="en"
+    ) -> Job:
+        """Decoded samples, or an Upload the worker decodes after admission."""
+        upload = audio if isinstance(audio, Upload) else None
+        samples = np.empty(0, dtype=np.float32) if upload is not None else audio
+        job = Job(self.check_method(method), samples, config or self.default_config, language=language, upload=upload)
+        return self._submit(job)
 
     def submit_live(self, seconds: float | None, method: str | None, config: DecodeConfig | None = None) -> Job:
         """The latest `seconds` of the live input (the whole retained window by default), as received now."""
@@ -224,6 +250,9 @@ class Engine:
 
     def _run(self, job: Job) -> Response:
         started = time.perf_counter()
+        if job.upload is not None:
+            upload = job.upload
+            job.audio = decode_audio_bytes(upload.data, upload.label, upload.max_seconds, upload.max_samples)
         windows, residual = self._prepared_windows(job)
         results = []
         producer = self.drafters.get(job.method)
@@ -245,6 +274,8 @@ class Engine:
         """The request's windows, prepared: from the background when it prepared exactly this view,
         else here (that time is residual preparation, charged to the request)."""
         began = time.perf_counter()
+        if self.preparer is not None and not self.preparer.alive:
+            raise ServiceUnavailable(f"the background preparation thread died ({self.preparer.error or 'exited'})")
         if job.live_version is not None and self.preparer is not None:
             remaining = max(0.0, RESIDUAL_WAIT_S - (began - job.arrived))
             prepared = self.preparer.wait_for(job.live_version, remaining)

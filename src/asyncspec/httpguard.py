@@ -1,0 +1,191 @@
+"""The gate in front of every HTTP service (the edge's OpenAI API, `listen`): an optional API key
+(`Authorization: Bearer`, as OpenAI clients send it), a Host allow-list (against DNS rebinding of
+a service on loopback), and a cap on request body bytes, checked before any handler runs and
+again while the body streams in (a client may send no Content-Length or a false one).
+
+A plain ASGI middleware, so streaming responses pass through untouched; refusals are JSON in the
+OpenAI error shape. No CORS headers are ever added: browsers on other origins get no access.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import os
+import socket
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from asyncspec.errors import InputError
+
+DEFAULT_MAX_BODY_BYTES = 1 << 20  # JSON completion requests are a few KB
+DEFAULT_MAX_HEADER_BYTES = 32 << 10  # h11's incomplete-event cap misses headers that arrive at once
+API_KEY_ENV = "ASYNCSPEC_API_KEY"
+FORM_OVERHEAD_BYTES = 64 << 10  # multipart boundaries and small text fields around an uploaded file
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1", "[::1]")
+
+
+@dataclass(frozen=True)
+class GuardConfig:
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    api_key: str | None = None  # None: no authentication
+    allowed_hosts: tuple[str, ...] = field(default=())  # empty: any Host header
+    max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES
+
+
+def allowed_hosts_for(bind_host: str, extra: tuple[str, ...] = ()) -> tuple[str, ...]:
+    """Loopback binds accept only loopback Host names (a rebound DNS name is refused); other binds
+    accept the bound address and whatever the operator lists."""
+    if bind_host in LOOPBACK_HOSTS or bind_host.startswith("127."):
+        return (*LOOPBACK_HOSTS, bind_host, *extra)
+    if bind_host in ("0.0.0.0", "::") and not extra:
+        return ()  # bound everywhere without a list: the operator chose to accept any Host
+    return (bind_host, *extra)
+
+
+def error_body(message: str, kind: str = "invalid_request_error", code: str | None = None) -> bytes:
+    return json.dumps({"error": {"message": message, "type": kind, "param": None, "code": code}}).encode()
+
+
+async def send_error(send, status: int, message: str, kind: str = "invalid_request_error") -> None:
+    body = error_body(message, kind)
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    if status == 401:
+        headers.append((b"www-authenticate", b"Bearer"))
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+def load_api_key(path: str | None) -> str | None:
+    """The key from a file (first line) or from $ASYNCSPEC_API_KEY; never from the command line,
+    where every local user could read it in the process list."""
+    if path is not None:
+        try:
+            key = Path(path).read_text().strip().splitlines()[0].strip()
+        except (OSError, IndexError):
+            raise InputError(f"{path}: cannot read an API key from it") from None
+    else:
+        key = os.environ.get(API_KEY_ENV, "").strip()
+    if key and len(key) < 16:
+        raise InputError("the API key must have at least 16 characters")
+    return key or None
+
+
+def guard_config(bind_host: str, api_key_file: str | None, max_body_bytes: int, extra_hosts=()) -> GuardConfig:
+    if max_body_bytes < 1024:
+        raise InputError(f"the body cap must be at least 1024 bytes, got {max_body_bytes}")
+    return GuardConfig(max_body_bytes, load_api_key(api_key_file), allowed_hosts_for(bind_host, tuple(extra_hosts)))
+
+
+def bind_listening_socket(host: str, port: int) -> socket.socket:
+    """Bound before the server starts, so a busy port is a clear error (exit 2), not a silent hang."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        family, kind, proto, _, address = infos[0]
+        listening = socket.socket(family, kind, proto)
+        listening.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listening.bind(address)
+    except OSError as error:
+        raise InputError(f"cannot serve HTTP on {host}:{port}: {error.strerror or error}") from None
+    listening.listen(128)
+    listening.set_inheritable(True)
+    return listening
+
+
+def uvicorn_limits(max_connections: int) -> dict:
+    """Connection and timeout caps for uvicorn.Config: slow or piled-up clients cannot hold the server."""
+    if max_connections < 1:
+        raise InputError(f"the connection limit must be at least 1, got {max_connections}")
+    return {
+        "limit_concurrency": max_connections,  # beyond it: 503 at once
+        "timeout_keep_alive": 5,
+        "h11_max_incomplete_event_size": 64 * 1024,  # request line + headers
+        "timeout_graceful_shutdown": 5,
+    }
+
+
+def install_error_handlers(app) -> None:
+    """Framework errors (bad multipart boundary, unknown path, wrong method, query-parameter types)
+    in the same OpenAI error shape as the services' own: one shape for every client."""
+    from fastapi.exceptions import RequestValidationError
+    from fastapi.responses import Response
+    from starlette.exceptions import HTTPException
+
+    def reply(status: int, message: str) -> Response:
+        return Response(error_body(message), status, media_type="application/json")
+
+    @app.exception_handler(HTTPException)
+    async def http_error(_, error: HTTPException) -> Response:
+        return reply(error.status_code, str(error.detail))
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(_, error: RequestValidationError) -> Response:
+        problems = "; ".join(f"{'.'.join(map(str, e.get('loc', ())))}: {e.get('msg')}" for e in error.errors()[:5])
+        return reply(400, f"invalid request: {problems}")
+
+
+class Guard:
+    """ASGI middleware: host, key and body-size checks for every HTTP request."""
+
+    def __init__(self, app, config: GuardConfig):
+        self.app = app
+        self.config = config
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        raw = scope.get("headers", [])
+        if sum(len(k) + len(v) for k, v in raw) > self.config.max_header_bytes:
+            return await send_error(send, 431, f"the request headers exceed {self.config.max_header_bytes} bytes")
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in raw}
+        refusal = self._refusal(headers)
+        if refusal is not None:
+            return await send_error(send, *refusal)
+        return await self._with_body_cap(scope, receive, send)
+
+    def _refusal(self, headers: dict[str, str]) -> tuple[int, str, str] | None:
+        config = self.config
+        if config.allowed_hosts and _host_name(headers.get("host", "")) not in config.allowed_hosts:
+            return 400, "the Host header is not one this service answers to", "invalid_request_error"
+        if config.api_key is not None and not _key_matches(headers.get("authorization", ""), config.api_key):
+            return 401, "a valid API key is required (Authorization: Bearer KEY)", "authentication_error"
+        length = headers.get("content-length")
+        if length is not None and (not length.isdigit() or int(length) > config.max_body_bytes):
+            return 413, f"the request body exceeds {config.max_body_bytes} bytes", "invalid_request_error"
+        return None
+
+    async def _with_body_cap(self, scope, receive, send):
+        """Reads the whole body (at most the cap) before the app sees it, then replays it: memory per
+        request stays bounded by the cap, and a body that is too long never reaches a handler."""
+        chunks, size = [], 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                return  # the client went away mid-body
+            chunks.append(message.get("body", b""))
+            size += len(chunks[-1])
+            if size > self.config.max_body_bytes:
+                return await send_error(send, 413, f"the request body exceeds {self.config.max_body_bytes} bytes")
+            if not message.get("more_body", False):
+                break
+        body, replayed = b"".join(chunks), False
+
+        async def replay():
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()  # after the body: disconnect notices
+
+        return await self.app(scope, replay, send)
+
+
+def _host_name(host: str) -> str:
+    if host.startswith("["):  # [::1]:8000
+        return host[: host.find("]") + 1]
+    return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+
+
+def _key_matches(authorization: str, key: str) -> bool:
+    scheme, _, given = authorization.partition(" ")
+    return scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), key.encode())
