@@ -88,7 +88,8 @@ def measure_profile(args, out: Path, target: WhisperBackend | None = None) -> tu
     print(f"profile: {target.name} {args.dtype}, calibration window {len(audio) / 16000:.1f} s")
     target_runs = native_runs("target", target, None, request, REPEATS)
     reference = target_runs[0].tokens
-    spec = producer_spec(choice.kind, choice.chunk_s, args.producer_model, args.dtype, target)
+    tokenizer_json = target.tokenizer.backend.to_str()
+    spec = producer_spec(choice.kind, choice.chunk_s, args.producer_model, args.dtype, tokenizer_json)
     load = None if args.idle_only else spec
     timings = verify_timings(target, request, reference, load, widths, offsets, args.repetitions, args.warmup, print)
     producer = make_producer(choice.kind, choice.chunk_s, args.producer_model, args.dtype, target)

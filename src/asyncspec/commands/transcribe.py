@@ -10,7 +10,7 @@ from asyncspec.audio import AudioWindow, load_audio, split_windows
 from asyncspec.commands.compare import equality_check, methods_to_run, needs_drafter, print_summary, run_jobs
 from asyncspec.commands.report import progress
 from asyncspec.decoding.result import DecodeConfig
-from asyncspec.errors import InputError
+from asyncspec.errors import InputError, ModelNotPreparedError
 from asyncspec.models.base import Decoder, DecodeRequest
 from asyncspec.models.hf_whisper import WhisperBackend
 
@@ -34,20 +34,41 @@ def load_models(args, kind: type, what: str) -> Iterator[tuple[Decoder, dict[str
     producer process for as2d (closed on exit)."""
     from asyncspec.models.registry import load_decoder
 
-    target = load_decoder(args.model, args.dtype, encoder=getattr(args, "encoder", "auto"))
-    if not isinstance(target, kind):
-        raise InputError(f"{args.model} is not a {what} model")
-    drafters: dict[str, Any] = {}
-    if needs_drafter(args.methods):
-        drafter = load_decoder(args.drafter, args.dtype, engine="transformers")
-        drafters.update(sd=drafter, specasr=drafter)
-    producer = start_producer(args, target) if "as2d" in args.methods else None
-    drafters["as2d"] = producer
+    # As²d's producer process spawns first and loads its model while the target loads
+    producer = spawn_producer_early(args) if "as2d" in args.methods else None
     try:
+        target = load_decoder(args.model, args.dtype, encoder=getattr(args, "encoder", "auto"))
+        if not isinstance(target, kind):
+            raise InputError(f"{args.model} is not a {what} model")
+        drafters: dict[str, Any] = {}
+        if needs_drafter(args.methods):
+            drafter = load_decoder(args.drafter, args.dtype, engine="transformers")
+            drafters.update(sd=drafter, specasr=drafter)
+        if "as2d" in args.methods and producer is None:
+            producer = start_producer(args, target)
+        drafters["as2d"] = producer
         yield target, drafters
     finally:
         if producer is not None:
             producer.close()
+
+
+def spawn_producer_early(args):
+    """The producer for `args.model`, spawned before the target loads (its tokenizer read from the
+    model's files); None when those files are not at hand (it then starts after the target)."""
+    from pathlib import Path
+
+    from asyncspec.models.registry import resolve_source
+    from asyncspec.ondevice.producer import ProducerProcess
+
+    try:
+        tokenizer_file = Path(resolve_source(args.model)[0]) / "tokenizer.json"
+    except (InputError, ModelNotPreparedError):
+        return None  # the target's own load reports it
+    if not tokenizer_file.is_file():
+        return None
+    spec = producer_spec(args.producer, args.chunk_s, args.producer_model, args.dtype, tokenizer_file.read_text())
+    return ProducerProcess(spec, wait=False)
 
 
 def start_producer(args, target: Decoder):
@@ -58,10 +79,10 @@ def make_producer(kind: str, chunk_s: float, producer_model: str, dtype: str, ta
     """A persistent producer worker process for As²d (close it when done)."""
     from asyncspec.ondevice.producer import ProducerProcess
 
-    return ProducerProcess(producer_spec(kind, chunk_s, producer_model, dtype, target))
+    return ProducerProcess(producer_spec(kind, chunk_s, producer_model, dtype, target.tokenizer.backend.to_str()))
 
 
-def producer_spec(kind: str, chunk_s: float, producer_model: str, dtype: str, target: Decoder):
+def producer_spec(kind: str, chunk_s: float, producer_model: str, dtype: str, target_tokenizer_json: str):
     from asyncspec.models.offline import ct2_model_dir
     from asyncspec.ondevice.producer import ProducerSpec
 
@@ -73,7 +94,7 @@ def producer_spec(kind: str, chunk_s: float, producer_model: str, dtype: str, ta
         model_dir=str(ct2_model_dir(producer_model)) if chunked else "",
         drafter=producer_model,
         dtype=dtype,
-        target_tokenizer_json=target.tokenizer.backend.to_str(),
+        target_tokenizer_json=target_tokenizer_json,
         chunk_s=chunk_s,
     )
 

@@ -229,15 +229,17 @@ class ProducerProcess:
     `failure` (the target decodes on alone, exactly as target-only), a dead worker is restarted at
     the next request, and both events are counted (`failures`, `restarts`)."""
 
-    def __init__(self, spec: ProducerSpec):
+    def __init__(self, spec: ProducerSpec, wait: bool = True):
+        """`wait=False` returns once the worker is spawned, so it loads while the caller loads the
+        target; the first `start` (or `ready`) then waits for it."""
         self.spec = spec
         self.failures = 0
         self.restarts = 0
         self._next_id = 0
         os.environ.setdefault("OMP_NUM_THREADS", str(spec.threads))
-        self.load_s = self._launch()
+        self.load_s = self._launch(wait)
 
-    def _launch(self) -> float:
+    def _launch(self, wait: bool = True) -> float:
         context = multiprocessing.get_context("spawn")
         self._commands, worker_commands = context.Pipe(duplex=False)[::-1]
         worker_batches, self._batches = context.Pipe(duplex=False)[::-1]
@@ -248,7 +250,15 @@ class ProducerProcess:
             name=f"producer-{self.spec.kind}",
         )
         self.process.start()
-        return self._wait_ready()
+        self._ready = False
+        return self.ready() if wait else 0.0
+
+    def ready(self) -> float:
+        """Wait until the worker has loaded its model; its load seconds."""
+        if not self._ready:
+            self.load_s = self._wait_ready()
+            self._ready = True
+        return self.load_s
 
     def _wait_ready(self) -> float:
         try:
@@ -268,6 +278,7 @@ class ProducerProcess:
             if not self.process.is_alive():
                 self._restart()
                 buffer.channel = self._batches
+            self.ready()  # its ready message must be read before any batch
             self._commands.send(("start", self._next_id, np.ascontiguousarray(audio, dtype=np.float32)))
         except (RuntimeError, OSError, EOFError) as error:
             self._failed(buffer, f"the producer could not start drafting: {error}")
