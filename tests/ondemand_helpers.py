@@ -1,4 +1,5 @@
-"""Shared by the on-demand tests: a real uvicorn server on a free loopback port, in a thread."""
+"""Shared by the on-demand tests: an engine over a latest window (optionally fed blocks), and a
+real uvicorn server on a free loopback port, in a thread."""
 
 from __future__ import annotations
 
@@ -8,6 +9,26 @@ import time
 from contextlib import contextmanager
 
 import uvicorn
+
+from asyncspec.ondemand.engine import Engine
+from asyncspec.ondemand.ingest import Ingestor, LatestWindow
+from asyncspec.ondemand.prepared_state import Preparer
+
+
+def make_engine(target, blocks=None, window_s: float = 4.0, max_queue: int = 4, start: bool = True) -> Engine:
+    """An on-demand engine (target-only by default) whose window is fed `blocks` before it returns."""
+    window = LatestWindow(window_s)
+    preparer = Preparer(target, window).start()
+    ingestor = None
+    if blocks is not None:
+        ingestor = Ingestor(blocks, window)
+        ingestor.subscribe(preparer.on_block)
+    engine = Engine(target, {}, window, preparer, ingestor, max_queue=max_queue, default_method="target")
+    if start:
+        engine.start()
+    if ingestor is not None:
+        ingestor.start().done.wait(10)
+    return engine
 
 
 @contextmanager

@@ -15,11 +15,12 @@ from fastapi.testclient import TestClient
 
 from asyncspec.decoding.methods import METHODS
 from asyncspec.httpguard import GuardConfig
-from asyncspec.ondemand.engine import Engine, ServiceUnavailable, Upload
-from asyncspec.ondemand.ingest import Ingestor, LatestWindow, file_blocks
-from asyncspec.ondemand.prepared_state import Preparer, prepare_window
+from asyncspec.ondemand.engine import ServiceUnavailable, Upload
+from asyncspec.ondemand.ingest import file_blocks
+from asyncspec.ondemand.prepared_state import prepare_window
 from asyncspec.ondemand.service import UploadLimits, create_app
 from conftest import synthetic_speech, tiny_whisper
+from ondemand_helpers import make_engine
 
 SMALL = UploadLimits(max_bytes=200_000)
 
@@ -27,21 +28,6 @@ SMALL = UploadLimits(max_bytes=200_000)
 @pytest.fixture(scope="module")
 def target():
     return tiny_whisper(torch.float32, seed=2)
-
-
-def make_engine(target, blocks=None, max_queue=4, start=True) -> Engine:
-    window = LatestWindow(4.0)
-    preparer = Preparer(target, window).start()
-    ingestor = None
-    if blocks is not None:
-        ingestor = Ingestor(blocks, window)
-        ingestor.subscribe(preparer.on_block)
-    engine = Engine(target, {}, window, preparer, ingestor, max_queue=max_queue, default_method="target")
-    if start:
-        engine.start()
-    if ingestor is not None:
-        ingestor.start().done.wait(10)
-    return engine
 
 
 def encoded(samples: np.ndarray, rate: int, fmt: str = "WAV") -> bytes:

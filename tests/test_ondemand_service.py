@@ -13,32 +13,16 @@ import torch
 from fastapi.testclient import TestClient
 
 from asyncspec.decoding.methods import METHODS
-from asyncspec.ondemand.engine import Engine, QueueFull, RequestCancelled
-from asyncspec.ondemand.ingest import Ingestor, LatestWindow, file_blocks, pcm_blocks
-from asyncspec.ondemand.prepared_state import Preparer
+from asyncspec.ondemand.engine import QueueFull, RequestCancelled
+from asyncspec.ondemand.ingest import file_blocks, pcm_blocks
 from asyncspec.ondemand.service import create_app
 from conftest import synthetic_speech, tiny_whisper
-from ondemand_helpers import raw_request, running_server
+from ondemand_helpers import make_engine, raw_request, running_server
 
 
 @pytest.fixture(scope="module")
 def target():
     return tiny_whisper(torch.float32, seed=2)
-
-
-def _service(target, blocks=None, window_s=4.0, max_queue=4, start=True):
-    window = LatestWindow(window_s)
-    preparer = Preparer(target, window).start()
-    ingestor = None
-    if blocks is not None:
-        ingestor = Ingestor(blocks, window)
-        ingestor.subscribe(preparer.on_block)
-    engine = Engine(target, {}, window, preparer, ingestor, max_queue=max_queue, default_method="target")
-    if start:
-        engine.start()
-    if ingestor is not None:
-        ingestor.start().done.wait(10)
-    return engine
 
 
 def _wav(seconds=2.0) -> bytes:
@@ -48,7 +32,7 @@ def _wav(seconds=2.0) -> bytes:
 
 
 def test_upload_formats(target):
-    engine = _service(target)
+    engine = make_engine(target)
     client = TestClient(create_app(engine))
     files = {"file": ("a.wav", _wav(), "audio/wav")}
     body = client.post("/v1/audio/transcriptions", files=files, data={"model": "whisper-base"}).json()
@@ -63,7 +47,7 @@ def test_upload_formats(target):
 
 
 def test_non_audio_upload_is_a_400(target):
-    client = TestClient(create_app(_service(target)))
+    client = TestClient(create_app(make_engine(target)))
     files = {"file": ("notes.txt", b"this is not audio at all", "text/plain")}
     response = client.post("/v1/audio/transcriptions", files=files)
     assert response.status_code == 400
@@ -75,7 +59,7 @@ def test_non_audio_upload_is_a_400(target):
 
 
 def test_truncated_multipart_body_is_a_400_and_the_server_goes_on(target):
-    engine = _service(target)
+    engine = make_engine(target)
     with running_server(create_app(engine)) as url:
         boundary = "XyZ"
         head = f'--{boundary}\r\nContent-Disposition: form-data; name="file"; filename="a.wav"\r\n\r\n'.encode()
@@ -96,7 +80,7 @@ def test_truncated_multipart_body_is_a_400_and_the_server_goes_on(target):
 
 
 def test_request_before_any_audio_is_a_503(target):
-    engine = _service(target)
+    engine = make_engine(target)
     response = TestClient(create_app(engine)).post("/v1/stream/transcriptions")
     assert response.status_code == 503 and "no audio has arrived yet" in response.json()["error"]["message"]
     assert response.headers["retry-after"] == "1"
@@ -104,7 +88,7 @@ def test_request_before_any_audio_is_a_503(target):
 
 def test_a_stream_that_stops_ends_cleanly_and_is_still_served(target):
     pcm = (synthetic_speech(2.5) * 32767).astype("<i2").tobytes()[:-1]
-    engine = _service(target, pcm_blocks(io.BytesIO(pcm), 1.0))
+    engine = make_engine(target, pcm_blocks(io.BytesIO(pcm), 1.0))
     client = TestClient(create_app(engine))
     status = client.get("/v1/stream/status").json()
     assert status["input"]["ended"] and status["input"]["error"] is None and status["input"]["blocks"] == 3
@@ -118,13 +102,13 @@ def test_a_stream_that_stops_ends_cleanly_and_is_still_served(target):
 
 
 def test_a_stream_that_ends_without_audio_is_a_503(target):
-    engine = _service(target, pcm_blocks(io.BytesIO(b""), 1.0))
+    engine = make_engine(target, pcm_blocks(io.BytesIO(b""), 1.0))
     response = TestClient(create_app(engine)).post("/v1/stream/transcriptions")
     assert response.status_code == 503 and "ended without audio" in response.json()["error"]["message"]
 
 
 def test_live_request_answers_from_the_prepared_window(target):
-    engine = _service(target, file_blocks(synthetic_speech(6.0), 1.0, "fast"))
+    engine = make_engine(target, file_blocks(synthetic_speech(6.0), 1.0, "fast"))
     engine.preparer.wait_for(6, timeout=30)
     client = TestClient(create_app(engine))
     body = client.post("/v1/stream/transcriptions").json()["asyncspec"]
@@ -138,7 +122,7 @@ def test_live_request_answers_from_the_prepared_window(target):
 
 
 def test_full_queue_is_a_429(target):
-    engine = _service(target, file_blocks(synthetic_speech(2.0), 1.0, "fast"), max_queue=1, start=False)
+    engine = make_engine(target, file_blocks(synthetic_speech(2.0), 1.0, "fast"), max_queue=1, start=False)
     engine.submit_live(None, None)  # the worker is not running: this one waits in the queue
     with pytest.raises(QueueFull):
         engine.submit_live(None, None)
@@ -148,7 +132,7 @@ def test_full_queue_is_a_429(target):
 
 
 def test_cancelled_requests_free_the_worker(target):
-    engine = _service(target, file_blocks(synthetic_speech(2.0), 1.0, "fast"), start=False)
+    engine = make_engine(target, file_blocks(synthetic_speech(2.0), 1.0, "fast"), start=False)
     queued = engine.submit_live(None, None)
     queued.cancelled.set()  # its client went away while it waited
     running = engine.submit_live(None, None)
@@ -176,7 +160,7 @@ def test_cancelled_requests_free_the_worker(target):
 
 
 def test_client_disconnect_over_http_cancels_the_request(target):
-    engine = _service(target, file_blocks(synthetic_speech(2.0), 1.0, "fast"))
+    engine = make_engine(target, file_blocks(synthetic_speech(2.0), 1.0, "fast"))
     gate = threading.Event()
     original = target.extend
 
