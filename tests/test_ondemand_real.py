@@ -120,7 +120,18 @@ def test_official_openai_client(service, whisper_base_bf16):
     assert "dispose" in truth.lower()
 
 
-def test_disconnect_mid_decode_stops_the_producer_and_later_requests_stay_exact(service, whisper_base_bf16):
+def test_disconnect_mid_decode_stops_the_producer_and_later_requests_stay_exact(
+    service, whisper_base_bf16, monkeypatch
+):
+    # As²d decodes a 12 s window in ~0.1 s here: each target call is slowed so that the client's
+    # disconnect surely lands mid-decode (the outputs are unchanged, only later)
+    extend = whisper_base_bf16.extend
+
+    def slow_extend(state, tokens):
+        time.sleep(0.05)
+        return extend(state, tokens)
+
+    monkeypatch.setattr(whisper_base_bf16, "extend", slow_extend)
     cancelled_before = service.counters.cancelled
     with running_server(create_app(service)) as url:
         request = b"POST /v1/stream/transcriptions HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n"

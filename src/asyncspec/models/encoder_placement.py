@@ -102,14 +102,27 @@ def place_encoder(backend, choice: str = "auto", remeasure: bool = False) -> Enc
         mels, encoder = backend.model.config.num_mel_bins, backend.model.model.encoder
         timings = measure(encoder, torch.zeros(1, mels, 3000))
         invariant = {name: same_on_every_thread_count(encoder, dtype, mels) for name, dtype in ENCODER_DTYPES.items()}
-        measured = {"measured_ms": timings, "thread_invariant": invariant, "cached": False}
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps({**measured, "cached": True}))
+        measured = _keep_first({"measured_ms": timings, "thread_invariant": invariant, "cached": False}, path)
     timings = measured["measured_ms"]
     if choice != "auto":
         timings = {k: v for k, v in timings.items() if k.startswith(choice + "x")}
     dtype, threads = fastest(timings)
     return EncoderPlacement(dtype, threads, timings, measured["thread_invariant"][dtype], measured["cached"])
+
+
+def _keep_first(measured: dict, path) -> dict:
+    """Every process of this machine must place the encoder alike (its dtype is part of the
+    target): the first measurement written wins, and a process that measured too reads it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    scratch = path.with_suffix(f".{os.getpid()}.tmp")
+    scratch.write_text(json.dumps({**measured, "cached": True}))
+    try:
+        os.link(scratch, path)  # atomic: never a half-written file, and an existing one is kept
+        return measured
+    except FileExistsError:
+        return _read(path) or measured
+    finally:
+        scratch.unlink()
 
 
 def _cache_file(backend):
@@ -118,6 +131,7 @@ def _cache_file(backend):
     from asyncspec.models.offline import cache_root
     from asyncspec.models.selftest import machine_key
 
+    # not the caller's torch threads: a CLI on one thread and a test on two must place it alike
     key = machine_key(backend) | {"what": "encoder placement", "threads": thread_candidates()}
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:24]
     return cache_root() / "placement" / f"{digest}.json"
