@@ -9,7 +9,6 @@ target never waits for the producer.
 
 from __future__ import annotations
 
-from contextlib import nullcontext
 from typing import Protocol
 
 import numpy as np
@@ -47,9 +46,10 @@ def decode_as2d(
     trace, stats, committed = Trace(), DecodeStats(), []
     # The request arrives: drafting starts now, never before, and runs on its own core while the
     # target encodes the audio and prefills its prompt (it reads only the audio, never target state).
+    # Measured (bench e2e, quiet 2-core machine, 15 files): the encoder on both cores beside the
+    # producer beat leaving the producer its own core, 10.6 s against 12.4 s in all.
     buffer = drafter.start(request.audio)
-    sharing = getattr(target, "sharing_cores", None)  # a speech target's encoder leaves the producer its core
-    with trace.stage("prefill"), sharing() if sharing else nullcontext():
+    with trace.stage("prefill"):
         state = target.prefill(request)
     stats.prefill_s = trace.now()
     root, cursor = target.greedy(state.next_logits)[0], 0

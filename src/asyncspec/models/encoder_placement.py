@@ -26,14 +26,10 @@ class EncoderPlacement:
     dtype: str  # "fp32" or "bf16"
     threads: int
     measured_ms: dict[str, float]  # "bf16x2" -> median ms of one 30 s window; empty when not measured
-    # the chosen dtype's output is bitwise the same on every thread count tried, so a method that
-    # runs a producer beside the target may give the encoder fewer threads without changing it
+    # the chosen dtype's output is bitwise the same on every thread count tried (reported: a
+    # machine where it is not must keep one thread count for the target's definition)
     thread_invariant: bool = False
     cached: bool = False
-
-    def threads_beside(self, busy_cores: int) -> int:
-        """Threads for the encoder while `busy_cores` cores run other work (As²d's producer)."""
-        return max(1, self.threads - busy_cores) if self.thread_invariant else self.threads
 
     @property
     def torch_dtype(self) -> torch.dtype:

@@ -5,8 +5,6 @@ transformers' own forward for a drafter (`engine="transformers"`)."""
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -54,7 +52,6 @@ class WhisperBackend(KVBackend):
         # measurement (`load` places it; models/encoder_placement.py); built directly, it runs in
         # fp32 on the current threads. Its output is cast to the decoder's dtype.
         self.encoder_placement: EncoderPlacement | None = None
-        self._busy_cores = 0
         model.model.encoder.float()
         self._cache_config = copy.deepcopy(config)
         self._cache_config.num_hidden_layers = config.decoder_layers
@@ -77,16 +74,6 @@ class WhisperBackend(KVBackend):
         backend = cls(model, tokenizer, name, engine=engine)
         backend.place_encoder(place_encoder(backend, encoder))
         return backend
-
-    @contextmanager
-    def sharing_cores(self, busy_cores: int = 1) -> Iterator[None]:
-        """While other work (As²d's producer) runs on `busy_cores` cores, the encoder leaves them
-        free if its output does not depend on its thread count (models/encoder_placement.py)."""
-        self._busy_cores = busy_cores
-        try:
-            yield
-        finally:
-            self._busy_cores = 0
 
     def place_encoder(self, placement: EncoderPlacement) -> None:
         self.encoder_placement = placement
@@ -115,7 +102,7 @@ class WhisperBackend(KVBackend):
         placement, before = self.encoder_placement, torch.get_num_threads()
         if placement is None:
             return self.model.model.encoder(features).last_hidden_state.to(self.dtype)
-        torch.set_num_threads(placement.threads_beside(self._busy_cores))
+        torch.set_num_threads(placement.threads)
         try:
             encoded = self.model.model.encoder(features.to(placement.torch_dtype)).last_hidden_state
         finally:
