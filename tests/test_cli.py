@@ -155,4 +155,8 @@ def test_profile_writes_a_cost_profile_and_its_plot(tmp_path, capsys):
     assert all(len(profile.verify[IDLE][o][k]) == 2 for o in (0, 8) for k in (1, 2, 3))
     assert 0 < profile.verify_s(1, 0) < 1 and profile.align_s > 0 and profile.target_gap_s > 0
     assert (tmp_path / "profile_saving.png").stat().st_size > 10_000
-    assert "R(K)" in capsys.readouterr().out
+    beside = json.loads((tmp_path / "profile_transformers.json").read_text())  # the other engine's V(K)
+    assert beside["engine"] == "transformers" and sorted(int(k) for k in beside["v_ms"]) == [1, 2, 3]
+    assert all(0 < v < 1000 for v in beside["v_ms"].values()) and "passed" in beside["self_test"]
+    output = capsys.readouterr().out
+    assert "R(K)" in output and "transformers ms" in output
