@@ -1,10 +1,12 @@
 """The cloud verifier: holds the target and every open request's KV; verifies queued blocks of
-many requests in one batched forward (seed 002 §IV-C2) and answers each block.
+many requests as one batch step (seed 002 §IV-C2) and answers each block.
 
 Loop: drain the ROUTER socket (Open / Block / CorrectionQuery / Close / Ping) -> blocks go to one
 global queue regardless of how they arrived -> `run_batch` takes up to `max_batch` of them (one
-per request), checks each against its request's confirmed prefix, extends all their KV states in
-one forward (`models.batched.extend_batch`), decides, crops the rejected positions, replies.
+per request), checks each against its request's confirmed prefix, extends each request's KV with
+its own fixed-shape call (a request's rows never depend on which requests share the step, so every
+verdict equals target-only decoding; docs/exactness.md measures the alternative of fixed batch
+slots), decides, crops the rejected positions, replies.
 
 Idempotence: every reply is cached under its block id (and correction range); a duplicate or
 late retransmission is answered from the cache byte for byte — nothing is sampled twice. The
@@ -30,7 +32,6 @@ from asyncspec.cloudedge import protocol as wire
 from asyncspec.cloudedge.auth import CurveKeys, start_authenticator
 from asyncspec.cloudedge.transport import Channel, TrafficCounters, make_socket
 from asyncspec.models.base import DecoderState
-from asyncspec.models.batched import extend_batch
 from asyncspec.models.hf_causal import CausalLMBackend
 from asyncspec.models.selftest import require_invariant
 from asyncspec.verify import greedy_verify, probabilities, speculative_accept
@@ -459,7 +460,7 @@ class CloudVerifier:
         requests = [self.requests[block.id.request] for _, block in batch]
         inputs = [[block.root, *wire.unpack_ids(block.candidates)] for _, block in batch]
         start = time.perf_counter()
-        all_logits = extend_batch(self.target, [r.state for r in requests], inputs)
+        all_logits = [self.target.extend(r.state, tokens) for r, tokens in zip(requests, inputs, strict=True)]
         self.counters.forward_s += time.perf_counter() - start
         self.counters.batches += 1
         self.counters.batched_blocks += len(batch)

@@ -15,10 +15,10 @@ def add_commands(commands) -> None:
     """Adds `serve` and `client` to the CLI's subcommands."""
     serve = commands.add_parser("serve", help="run the AsymSpec cloud verifier or edge gateway")
     roles = serve.add_subparsers(dest="role", required=True)
-    cloud = roles.add_parser("cloud", help="cloud verifier: the target model, batched verification")
+    cloud = roles.add_parser("cloud", help="cloud verifier: the target model, batch steps over many requests")
     cloud.add_argument("--model", default="qwen2.5-coder-1.5b", help="target: registered name, directory or HF id")
     cloud.add_argument("--bind", default="tcp://127.0.0.1:5555")
-    cloud.add_argument("--max-batch", type=int, default=32, help="blocks per batched target forward")
+    cloud.add_argument("--max-batch", type=int, default=32, help="blocks per batch step (one fixed-shape call each)")
     cloud.add_argument("--max-queue", type=int, default=1024, help="queued blocks before back-pressure")
     cloud.add_argument("--batch-wait-ms", type=float, default=0.0, help="wait for more blocks before a forward")
     _cloud_limits(cloud)
