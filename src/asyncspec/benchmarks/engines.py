@@ -36,7 +36,9 @@ def run(args) -> int:
     windows = _windows(args.windows)
     results = {dtype: {engine: _measure(args, dtype, engine, windows) for engine in ENGINES} for dtype in dtypes}
     exact = all(r["as2d"].get("exactness", {"passed": True})["passed"] for e in results.values() for r in e.values())
-    report = {"device": _device(), "model": args.model, "threads": args.threads, "results": results}
+    from asyncspec.profiling.measure import device_facts
+
+    report = {"device": device_facts(), "model": args.model, "threads": args.threads, "results": results}
     (out / "engines.json").write_text(json.dumps(report, indent=1))
     _print(results)
     _plot(results, out / "engines.png")
@@ -126,12 +128,6 @@ def _as2d(target, requests) -> dict:
         return _throughput(target, producer, requests, method="as2d")
     finally:
         producer.close()
-
-
-def _device() -> dict:
-    from asyncspec.profiling.measure import device_facts
-
-    return device_facts()
 
 
 def _print(results: dict) -> None:

@@ -87,13 +87,13 @@ def fastest(timings: dict[str, float]) -> tuple[str, int]:
     return dtype, int(threads)
 
 
-def place_encoder(backend, choice: str = "auto", remeasure: bool = False) -> EncoderPlacement:
+def place_encoder(backend, choice: str = "auto") -> EncoderPlacement:
     """`choice` "fp32"/"bf16" pins the dtype (one thread per core the machine has, measured);
     "auto" measures both dtypes, or reads this machine's cached verdict."""
     if choice not in ("auto", *ENCODER_DTYPES):
         raise ValueError(f"unknown encoder choice {choice!r}; use auto, fp32 or bf16")
     path = _cache_file(backend)
-    measured = None if remeasure else _read(path)
+    measured = _read(path)
     if measured is None:
         mels, encoder = backend.model.config.num_mel_bins, backend.model.model.encoder
         timings = measure(encoder, torch.zeros(1, mels, 3000))

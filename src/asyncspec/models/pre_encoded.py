@@ -27,8 +27,5 @@ class PreEncodedTarget:
             self._encoded[key] = (request.audio, self.target.encode_audio(request.audio))
         return self._encoded[key][1]
 
-    def forget(self, request: DecodeRequest) -> None:
-        self._encoded.pop(id(request.audio), None)
-
     def prefill(self, request: DecodeRequest, encoded: torch.Tensor | None = None) -> DecoderState:
         return self.target.prefill(request, encoded if encoded is not None else self.encode(request))
