@@ -166,10 +166,10 @@ def load_systems(args, names: list[str], stack: ExitStack) -> dict:
 def _asyncspec_systems(args, names: list[str]) -> dict:
     import torch
 
-    from asyncspec.commands.transcribe import make_producer
     from asyncspec.decoding.result import DecodeConfig
     from asyncspec.models.hf_whisper import WhisperBackend
     from asyncspec.models.registry import load_decoder
+    from asyncspec.run.models import make_producer
 
     # asyncspec's share of the cores: its decoder runs on one thread (its small per-token ops
     # only slow down on two), the producer process on another; the encoder takes the threads its

@@ -73,8 +73,8 @@ class AsyncspecSystem(StreamingSystem):
         return {"method": self.method, "dtype": str(self.target.dtype).removeprefix("torch.")} | as2d
 
     def transcribe(self, path: Path) -> Transcript:
-        from asyncspec.commands.transcribe import file_windows
         from asyncspec.decoding.methods import METHODS
+        from asyncspec.run.windows import file_windows
 
         transcript = Transcript("")
         for _, window in file_windows([str(path)]):

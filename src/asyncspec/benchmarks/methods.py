@@ -11,12 +11,15 @@ from pathlib import Path
 from typing import Any
 
 from asyncspec.benchmarks.humaneval import humaneval_prompts
-from asyncspec.commands.compare import equality_check, format_table, methods_to_run, run_jobs, summarize
-from asyncspec.commands.transcribe import decode_config, file_windows, load_models, window_jobs
 from asyncspec.datasets import librivox_clips
 from asyncspec.models.base import DecodeRequest
 from asyncspec.models.hf_causal import CausalLMBackend
 from asyncspec.models.hf_whisper import WhisperBackend
+from asyncspec.run.compare import equality_check, methods_to_run, run_jobs
+from asyncspec.run.config import decode_config
+from asyncspec.run.models import load_models
+from asyncspec.run.summary import format_table, summarize
+from asyncspec.run.windows import file_windows, window_jobs
 
 DEFAULT_PROMPTS = 5
 WORKLOADS = {

@@ -40,12 +40,13 @@ def add_arguments(parser, decoding_options) -> None:
 
 def run(args) -> int:
     from asyncspec.audio import load_audio
-    from asyncspec.commands.compare import equality_check
-    from asyncspec.commands.report import progress
-    from asyncspec.commands.transcribe import decode_config, load_models
     from asyncspec.errors import InputError
     from asyncspec.longform import librivox_recording, long_recording
     from asyncspec.models.hf_whisper import WhisperBackend
+    from asyncspec.run.compare import equality_check
+    from asyncspec.run.config import decode_config
+    from asyncspec.run.models import load_models
+    from asyncspec.run.report import progress
 
     if not args.every > 0:
         raise InputError(f"--every must be positive, got {args.every}")

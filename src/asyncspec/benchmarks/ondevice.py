@@ -14,9 +14,6 @@ import numpy as np
 
 from asyncspec.audio import SAMPLE_RATE, WINDOW_SECONDS, load_audio, split_windows
 from asyncspec.benchmarks.oracle import Headroom, plot_headroom
-from asyncspec.commands.compare import comparison_records, equality_check
-from asyncspec.commands.report import progress
-from asyncspec.commands.transcribe import decode_config, load_models
 from asyncspec.datasets import librivox_clips
 from asyncspec.decoding.methods import METHODS
 from asyncspec.decoding.result import DecodeConfig
@@ -24,6 +21,11 @@ from asyncspec.devset import synthesize_dev_set
 from asyncspec.errors import InputError
 from asyncspec.exactness import ExactnessCheck
 from asyncspec.models.hf_whisper import WhisperBackend
+from asyncspec.run.compare import equality_check
+from asyncspec.run.config import decode_config
+from asyncspec.run.models import load_models
+from asyncspec.run.report import progress
+from asyncspec.run.summary import comparison_records
 
 METHOD_ORDER = ["target", "sd", "specasr", "as2d"]
 SD_BUDGETS = (5, 6, 7, 8)

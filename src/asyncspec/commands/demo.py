@@ -7,10 +7,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from asyncspec.commands.compare import equality_check, methods_to_run, print_summary, run_jobs, summarize
-from asyncspec.commands.transcribe import decode_config, file_windows, load_models, window_jobs
 from asyncspec.datasets import librivox_clips
 from asyncspec.models.hf_whisper import WhisperBackend
+from asyncspec.run.compare import equality_check, methods_to_run, print_summary, run_jobs
+from asyncspec.run.config import decode_config
+from asyncspec.run.models import load_models
+from asyncspec.run.summary import summarize
+from asyncspec.run.windows import file_windows, window_jobs
 from asyncspec.text_metrics import word_errors
 
 

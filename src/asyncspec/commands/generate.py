@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from asyncspec.commands.compare import equality_check, methods_to_run, print_summary, run_jobs
-from asyncspec.commands.transcribe import decode_config, load_models
 from asyncspec.errors import InputError
 from asyncspec.models.hf_causal import CausalLMBackend
+from asyncspec.run.compare import equality_check, methods_to_run, print_summary, run_jobs
+from asyncspec.run.config import decode_config
+from asyncspec.run.models import load_models
 
 
 def run(args) -> int:

@@ -49,8 +49,9 @@ def input_blocks(args) -> Iterator[AudioBlock]:
 
 
 def run(args) -> int:
-    from asyncspec.commands.transcribe import decode_config, load_models
     from asyncspec.models.hf_whisper import WhisperBackend
+    from asyncspec.run.config import decode_config
+    from asyncspec.run.models import load_models
 
     if args.max_queue < 1:
         raise InputError(f"--max-queue must be at least 1, got {args.max_queue}")

@@ -11,7 +11,6 @@ from pathlib import Path
 from statistics import mean
 
 from asyncspec.audio import load_audio
-from asyncspec.commands.transcribe import make_producer, producer_spec
 from asyncspec.devset import calibration_audio
 from asyncspec.errors import InputError
 from asyncspec.models.base import DecodeRequest
@@ -25,6 +24,7 @@ from asyncspec.profiling.measure import (
     sweep_verify,
     verify_timings,
 )
+from asyncspec.run.models import make_producer, producer_spec
 
 REPEATS = 3  # native calibration runs per method (loop costs)
 

@@ -9,14 +9,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from asyncspec.commands.report import progress
-from asyncspec.commands.transcribe import make_producer
 from asyncspec.decoding.methods import METHODS
 from asyncspec.decoding.result import DecodeConfig, DecodeResult
 from asyncspec.exactness import ExactnessCheck
 from asyncspec.models.base import Decoder
 from asyncspec.profiling.deployed import ProducerChoice
 from asyncspec.profiling.trajectory import WindowTrajectory, reference_trajectory
+from asyncspec.run.models import make_producer
+from asyncspec.run.report import progress
 
 Window = tuple[str, str, np.ndarray]  # (dataset, name, 16 kHz samples)
 

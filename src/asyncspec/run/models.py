@@ -1,0 +1,83 @@
+"""The target and its drafters from the decoding options: a prefix-conditioned model for
+sd/specasr, a producer process for As²d."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from asyncspec.errors import InputError, ModelNotPreparedError
+from asyncspec.models.base import Decoder
+from asyncspec.run.compare import needs_drafter
+
+
+@contextmanager
+def load_models(args, kind: type, what: str) -> Iterator[tuple[Decoder, dict[str, Any]]]:
+    """The target and, per method, its drafter: a prefix-conditioned model for sd/specasr, a
+    producer process for as2d (closed on exit)."""
+    from asyncspec.models.registry import load_decoder
+
+    # As²d's producer process spawns first and loads its model while the target loads
+    producer = spawn_producer_early(args) if "as2d" in args.methods else None
+    try:
+        target = load_decoder(args.model, args.dtype, encoder=getattr(args, "encoder", "auto"))
+        if not isinstance(target, kind):
+            raise InputError(f"{args.model} is not a {what} model")
+        drafters: dict[str, Any] = {}
+        if needs_drafter(args.methods):
+            drafter = load_decoder(args.drafter, args.dtype, engine="transformers")
+            drafters.update(sd=drafter, specasr=drafter)
+        if "as2d" in args.methods and producer is None:
+            producer = start_producer(args, target)
+        drafters["as2d"] = producer
+        yield target, drafters
+    finally:
+        if producer is not None:
+            producer.close()
+
+
+def spawn_producer_early(args):
+    """The producer for `args.model`, spawned before the target loads (its tokenizer read from the
+    model's files); None when those files are not at hand (it then starts after the target)."""
+    from pathlib import Path
+
+    from asyncspec.models.registry import resolve_source
+    from asyncspec.ondevice.producer import ProducerProcess
+
+    try:
+        tokenizer_file = Path(resolve_source(args.model)[0]) / "tokenizer.json"
+    except (InputError, ModelNotPreparedError):
+        return None  # the target's own load reports it
+    if not tokenizer_file.is_file():
+        return None
+    spec = producer_spec(args.producer, args.chunk_s, args.producer_model, args.dtype, tokenizer_file.read_text())
+    return ProducerProcess(spec, wait=False)
+
+
+def start_producer(args, target: Decoder):
+    return make_producer(args.producer, args.chunk_s, args.producer_model, args.dtype, target)
+
+
+def make_producer(kind: str, chunk_s: float, producer_model: str, dtype: str, target: Decoder):
+    """A persistent producer worker process for As²d (close it when done)."""
+    from asyncspec.ondevice.producer import ProducerProcess
+
+    return ProducerProcess(producer_spec(kind, chunk_s, producer_model, dtype, target.tokenizer.backend.to_str()))
+
+
+def producer_spec(kind: str, chunk_s: float, producer_model: str, dtype: str, target_tokenizer_json: str):
+    from asyncspec.models.offline import ct2_model_dir
+    from asyncspec.ondevice.producer import ProducerSpec
+
+    if chunk_s <= 0:
+        raise InputError(f"--chunk-s must be positive, got {chunk_s}")
+    chunked = kind == "ct2-chunk"
+    return ProducerSpec(
+        kind=kind,
+        model_dir=str(ct2_model_dir(producer_model)) if chunked else "",
+        drafter=producer_model,
+        dtype=dtype,
+        target_tokenizer_json=target_tokenizer_json,
+        chunk_s=chunk_s,
+    )

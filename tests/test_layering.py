@@ -1,0 +1,100 @@
+"""The tree's shape, read from the source (no imports run): who may import whom, and how big a
+file or a function may grow before it has to be split."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "src" / "asyncspec"
+MAX_FILE_LINES = 400
+MAX_FUNCTION_LINES = 60
+
+# Files still over MAX_FILE_LINES while they are being split (issue #16: the gateway and the
+# verifier). Shrink this list as they go under; never add to it.
+OVERSIZED_FILES = {"cloudedge/edge.py", "cloudedge/cloud.py"}
+# The lower layers below models/: models/ may import none of these.
+ABOVE_MODELS = ("decoding", "ondevice", "cloudedge", "commands", "benchmarks", "run")
+
+
+def sources() -> list[Path]:
+    return sorted(PACKAGE.rglob("*.py"))
+
+
+def relative(path: Path) -> str:
+    return path.relative_to(PACKAGE).as_posix()
+
+
+def imported_modules(source: str, package: list[str]) -> set[str]:
+    """Every module an `import` or `from ... import` names, relative imports resolved against
+    `package` (the importing module's package, e.g. ["asyncspec", "models"])."""
+    found = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = package[: len(package) - node.level + 1] if node.level else []
+            module = ".".join([*base, *([node.module] if node.module else [])])
+            found.add(module)
+            found.update(f"{module}.{alias.name}" for alias in node.names)
+    return found
+
+
+def imports_package(path: Path, package: str) -> bool:
+    names = imported_modules(path.read_text(), ["asyncspec", *path.relative_to(PACKAGE).parent.parts])
+    return any(name == package or name.startswith(package + ".") for name in names)
+
+
+def test_the_import_reader_sees_absolute_relative_and_lazy_imports():
+    source = "import os\nfrom asyncspec import commands\ndef f():\n    from ..run import compare\n"
+    names = imported_modules(source, ["asyncspec", "models"])
+    assert {"os", "asyncspec.commands", "asyncspec.run.compare"} <= names
+
+
+def test_only_the_command_line_imports_the_commands():
+    offenders = [
+        relative(path)
+        for path in sources()
+        if not relative(path).startswith("commands/")
+        and relative(path) != "cli.py"
+        and imports_package(path, "asyncspec.commands")
+    ]
+    assert offenders == []
+
+
+@pytest.mark.parametrize("upper", ABOVE_MODELS)
+def test_models_never_import_upward(upper):
+    offenders = [
+        relative(path) for path in (PACKAGE / "models").rglob("*.py") if imports_package(path, f"asyncspec.{upper}")
+    ]
+    assert offenders == []
+
+
+def test_no_source_file_is_too_long():
+    too_long = {
+        relative(path): n
+        for path in sources()
+        if (n := len(path.read_text().splitlines())) > MAX_FILE_LINES and relative(path) not in OVERSIZED_FILES
+    }
+    assert too_long == {}
+
+
+def test_the_oversized_allow_list_only_names_files_still_over_the_limit():
+    """So the list shrinks as files are split, instead of silently allowing a file to regrow."""
+    for name in OVERSIZED_FILES:
+        path = PACKAGE / name
+        assert path.is_file(), f"{name} is gone: drop it from OVERSIZED_FILES"
+        assert len(path.read_text().splitlines()) > MAX_FILE_LINES, f"{name} fits now: drop it from OVERSIZED_FILES"
+
+
+def test_no_function_is_too_long():
+    too_long = {}
+    for path in sources():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                length = node.end_lineno - node.lineno + 1
+                if length > MAX_FUNCTION_LINES:
+                    too_long[f"{relative(path)}:{node.name}"] = length
+    assert too_long == {}
