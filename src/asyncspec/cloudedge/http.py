@@ -60,70 +60,16 @@ async def _json_body(request: Request) -> dict:
 
 
 def make_app(gateway, tokenizer, model_name: str, chat: ChatFormatter | None = None, guard: GuardConfig | None = None):
+    """The OpenAI-compatible completions endpoints over the edge gateway, inside httpguard.Guard."""
     app = FastAPI(title="asyncspec edge")
     install_error_handlers(app)
     chat = chat or ChatFormatter()
-
-    async def events(ids: list[int], options: CompletionOptions, client: Request) -> AsyncIterator[dict]:
-        """The request's events; a client that disconnects cancels its generation at the edge."""
-        loop = asyncio.get_running_loop()
-        queue: asyncio.Queue = asyncio.Queue()
-        request_id = gateway.submit(
-            ids,
-            options.max_tokens,
-            options.sampling,
-            options.eps_req,
-            lambda event: loop.call_soon_threadsafe(queue.put_nowait, event),
-        )
-        finished, checked = False, time.monotonic()
-        try:
-            while True:
-                try:
-                    event = await asyncio.wait_for(queue.get(), DISCONNECT_CHECK_S)
-                except TimeoutError:
-                    event = None
-                if time.monotonic() - checked >= DISCONNECT_CHECK_S:  # also while tokens keep coming
-                    checked = time.monotonic()
-                    if await client.is_disconnected():
-                        return
-                if event is None:
-                    continue
-                finished = event["type"] != "token"
-                yield event
-                if finished:
-                    return
-        finally:
-            if not finished:
-                gateway.cancel(request_id)
-
-    async def serve(client: Request, body: dict, prompt: str, kind: str):
-        options = parse_options(body)
-        ids = await asyncio.to_thread(tokenizer.encode, prompt)  # long prompts must not stall the event loop
-        if not ids:
-            raise BadRequest("the prompt is empty", "prompt")
-        positions = gateway.drafter.max_length
-        if len(ids) >= positions:  # no room for a single generated token
-            raise BadRequest(f"the prompt ({len(ids)} tokens) exceeds the model's {positions} positions", "prompt")
-        stream = events(ids, options, client)
-        meta = {"id": f"{kind}-{uuid.uuid4().hex[:16]}", "created": int(time.time()), "model": model_name}
-        if options.stream:
-            return StreamingResponse(_sse(stream, tokenizer, meta, kind), media_type="text/event-stream")
-        text, final = IncrementalText(tokenizer), None
-        async for event in stream:
-            if event["type"] == "token":
-                text.add(event["token"])
-            final = event
-        if final is None:
-            return _error(499, "the client disconnected")
-        if final["type"] == "error":
-            return _failed(final)
-        return _response(kind, meta, text.text(), final, len(ids))
 
     @app.post("/v1/completions")
     async def completions(client: Request):
         try:
             body = await _json_body(client)
-            return await serve(client, body, parse_prompt(body), "cmpl")
+            return await complete(gateway, tokenizer, model_name, client, body, parse_prompt(body), "cmpl")
         except BadRequest as error:
             return _error(400, str(error), error.param)
 
@@ -131,7 +77,7 @@ def make_app(gateway, tokenizer, model_name: str, chat: ChatFormatter | None = N
     async def chat_completions(client: Request):
         try:
             body = await _json_body(client)
-            return await serve(client, body, chat(parse_messages(body)), "chatcmpl")
+            return await complete(gateway, tokenizer, model_name, client, body, chat(parse_messages(body)), "chatcmpl")
         except BadRequest as error:
             return _error(400, str(error), error.param)
 
@@ -140,6 +86,64 @@ def make_app(gateway, tokenizer, model_name: str, chat: ChatFormatter | None = N
         return {"object": "list", "data": [{"id": model_name, "object": "model", "owned_by": "asyncspec"}]}
 
     return Guard(app, guard or GuardConfig())
+
+
+async def gateway_events(gateway, ids: list[int], options: CompletionOptions, client: Request) -> AsyncIterator[dict]:
+    """The request's events; a client that disconnects cancels its generation at the edge."""
+    loop = asyncio.get_running_loop()
+    queue: asyncio.Queue = asyncio.Queue()
+    request_id = gateway.submit(
+        ids,
+        options.max_tokens,
+        options.sampling,
+        options.eps_req,
+        lambda event: loop.call_soon_threadsafe(queue.put_nowait, event),
+    )
+    finished, checked = False, time.monotonic()
+    try:
+        while True:
+            try:
+                event = await asyncio.wait_for(queue.get(), DISCONNECT_CHECK_S)
+            except TimeoutError:
+                event = None
+            if time.monotonic() - checked >= DISCONNECT_CHECK_S:  # also while tokens keep coming
+                checked = time.monotonic()
+                if await client.is_disconnected():
+                    return
+            if event is None:
+                continue
+            finished = event["type"] != "token"
+            yield event
+            if finished:
+                return
+    finally:
+        if not finished:
+            gateway.cancel(request_id)
+
+
+async def complete(gateway, tokenizer, model_name: str, client: Request, body: dict, prompt: str, kind: str):
+    """One completion (`kind` cmpl or chatcmpl): streamed as server-sent events, or whole."""
+    options = parse_options(body)
+    ids = await asyncio.to_thread(tokenizer.encode, prompt)  # long prompts must not stall the event loop
+    if not ids:
+        raise BadRequest("the prompt is empty", "prompt")
+    positions = gateway.drafter.max_length
+    if len(ids) >= positions:  # no room for a single generated token
+        raise BadRequest(f"the prompt ({len(ids)} tokens) exceeds the model's {positions} positions", "prompt")
+    stream = gateway_events(gateway, ids, options, client)
+    meta = {"id": f"{kind}-{uuid.uuid4().hex[:16]}", "created": int(time.time()), "model": model_name}
+    if options.stream:
+        return StreamingResponse(_sse(stream, tokenizer, meta, kind), media_type="text/event-stream")
+    text, final = IncrementalText(tokenizer), None
+    async for event in stream:
+        if event["type"] == "token":
+            text.add(event["token"])
+        final = event
+    if final is None:
+        return _error(499, "the client disconnected")
+    if final["type"] == "error":
+        return _failed(final)
+    return _response(kind, meta, text.text(), final, len(ids))
 
 
 def _finish_reason(event: dict) -> str:

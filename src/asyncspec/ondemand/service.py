@@ -54,26 +54,7 @@ def create_app(
     guard = guard or GuardConfig(max_body_bytes=limits.max_bytes + FORM_OVERHEAD_BYTES)
     app = FastAPI(title="asyncspec on-demand transcription")
     install_error_handlers(app)
-
-    @app.exception_handler(InputError)
-    async def bad_input(_: Request, error: InputError) -> JSONResponse:
-        return _error(400, str(error), "invalid_request_error")
-
-    @app.exception_handler(QueueFull)
-    async def queue_full(_: Request, error: QueueFull) -> JSONResponse:
-        return _error(429, str(error), "rate_limit_exceeded", headers={"Retry-After": "1"})
-
-    @app.exception_handler(ServiceUnavailable)
-    async def unavailable(_: Request, error: ServiceUnavailable) -> JSONResponse:
-        return _error(503, str(error), "service_unavailable", headers={"Retry-After": "1"})
-
-    @app.exception_handler(RequestCancelled)
-    async def client_gone(_: Request, error: RequestCancelled) -> JSONResponse:
-        return _error(CLIENT_GONE, str(error), "client_closed_request")
-
-    @app.exception_handler(Exception)
-    async def failed(_: Request, error: Exception) -> JSONResponse:
-        return _error(500, f"{type(error).__name__}: {error}", "server_error")
+    _map_service_errors(app)
 
     @app.post("/v1/audio/transcriptions")
     async def transcriptions(request: Request) -> Response:
@@ -105,6 +86,30 @@ def create_app(
         return {"status": "ok"}
 
     return Guard(app, guard)
+
+
+def _map_service_errors(app: FastAPI) -> None:
+    """The service's own failures as OpenAI-style error bodies with their HTTP status."""
+
+    @app.exception_handler(InputError)
+    async def bad_input(_: Request, error: InputError) -> JSONResponse:
+        return _error(400, str(error), "invalid_request_error")
+
+    @app.exception_handler(QueueFull)
+    async def queue_full(_: Request, error: QueueFull) -> JSONResponse:
+        return _error(429, str(error), "rate_limit_exceeded", headers={"Retry-After": "1"})
+
+    @app.exception_handler(ServiceUnavailable)
+    async def unavailable(_: Request, error: ServiceUnavailable) -> JSONResponse:
+        return _error(503, str(error), "service_unavailable", headers={"Retry-After": "1"})
+
+    @app.exception_handler(RequestCancelled)
+    async def client_gone(_: Request, error: RequestCancelled) -> JSONResponse:
+        return _error(CLIENT_GONE, str(error), "client_closed_request")
+
+    @app.exception_handler(Exception)
+    async def failed(_: Request, error: Exception) -> JSONResponse:
+        return _error(500, f"{type(error).__name__}: {error}", "server_error")
 
 
 def _language(value: str | None) -> str:
