@@ -19,11 +19,11 @@ REQUIRED_FIELDS = {"file", "window", "method", "text", "token_ids", "n_tokens", 
 
 
 @pytest.mark.real
-def test_transcribe_librivox_with_whisper_base(capsys):
+def test_transcribe_librivox_with_whisper_base(tmp_path):
     clips = librivox_clips()
     assert len(clips) == 5
-    assert main(["transcribe", *[str(c.path) for c in clips], "--json"]) == 0
-    records = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert main(["transcribe", *[str(c.path) for c in clips], "--json", str(tmp_path / "t.json")]) == 0
+    records = json.loads((tmp_path / "t.json").read_text())["records"]
     assert len(records) == 5 and all(REQUIRED_FIELDS <= set(r) for r in records)
     errors = words = 0
     for clip, record in zip(clips, records, strict=True):
@@ -37,12 +37,12 @@ def test_transcribe_librivox_with_whisper_base(capsys):
 
 
 @pytest.mark.real
-def test_long_file_is_decoded_in_windows(tmp_path, capsys):
+def test_long_file_is_decoded_in_windows(tmp_path):
     clip = soundfile.read(str(librivox_clips()[0].path), dtype="float32")[0]
     long = np.concatenate([clip] * 5)  # 35.5 s -> a 30 s window and a 5.5 s window
     soundfile.write(tmp_path / "long.flac", long, 16000)
-    assert main(["transcribe", str(tmp_path / "long.flac"), "--json"]) == 0
-    records = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert main(["transcribe", str(tmp_path / "long.flac"), "--json", str(tmp_path / "t.json")]) == 0
+    records = json.loads((tmp_path / "t.json").read_text())["records"]
     assert [r["window"] for r in records] == [0, 1]
     assert records[1]["start_s"] == 30.0
     assert "Dashwood" in records[0]["text"]
@@ -99,14 +99,16 @@ def test_console_entry_point_runs():
 
 
 @pytest.mark.real
-def test_compare_checks_equality_and_saves_traces(tmp_path, capsys):
+def test_compare_checks_equality_and_saves_traces(tmp_path):
     from asyncspec.trace import Trace
 
     clip = str(librivox_clips()[1].path)
     trace_file = tmp_path / "trace.json"
-    argv = ["transcribe", clip, "--method", "sd,specasr", "--compare", "--json", "--trace", str(trace_file)]
-    assert main(argv) == 0
-    records = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    argv = ["transcribe", clip, "--method", "sd,specasr", "--compare", "--json", str(tmp_path / "t.json")]
+    assert main([*argv, "--trace", str(trace_file)]) == 0
+    report = json.loads((tmp_path / "t.json").read_text())
+    records = report["records"]
+    assert report["exactness"]["passed"] and set(report["summary"]) == {"target", "sd", "specasr"}
     assert [r["method"] for r in records] == ["target", "sd", "specasr"]
     assert all(r["equal_to_target"] is True for r in records)
     assert all({"acceptance", "mean_accepted_len"} <= set(r) for r in records)

@@ -151,7 +151,7 @@ def test_generate_compare_exits_1_on_a_mismatch(tiny_models, wrong_sd, capsys):
 
 def test_demo_exits_1_on_a_mismatch(tiny_models, wrong_sd, speech_file, tmp_path, monkeypatch, capsys):
     one_clip(monkeypatch, "commands.demo", speech_file)
-    assert main(["demo", "--method", "sd", "--json-file", str(tmp_path / "demo.json")]) == 1
+    assert main(["demo", "--method", "sd", "--json", str(tmp_path / "demo.json")]) == 1
     assert_reports_the_flip(capsys.readouterr().err, f"{speech_file} window 0")
     report = json.loads((tmp_path / "demo.json").read_text())
     assert not report["exactness"]["passed"] and report["exactness"]["mismatches"][0]["position"] == FLIP_AT

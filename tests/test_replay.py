@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import time
 
@@ -15,7 +14,7 @@ from asyncspec.errors import InputError
 from asyncspec.ondevice.buffer import CandidateBuffer, PublishedBatch
 from asyncspec.profiling import deployed as deployed_module
 from asyncspec.profiling.costs import CONCURRENT, IDLE, CostProfile
-from asyncspec.profiling.deployed import DeployedConfig, ProducerChoice, apply_deployed, save_deployed
+from asyncspec.profiling.deployed import As2dSettings, DeployedConfig, ProducerChoice, deployed_as2d, save_deployed
 from asyncspec.profiling.replay import (
     CausalityError,
     NativePricer,
@@ -209,27 +208,17 @@ def test_selection_refuses_test_windows_from_the_development_split():
         ensure_disjoint(deployed, ["c", "b"])
 
 
-def _decoding_args(**overrides) -> argparse.Namespace:
-    return argparse.Namespace(**({"producer": None, "chunk_s": None, "budget": None} | overrides))
-
-
 def test_the_deployed_configuration_fills_unset_options(tmp_path, monkeypatch):
     monkeypatch.setenv(deployed_module.CONFIG_ENV, str(tmp_path / "as2d.json"))
-    args = _decoding_args()
-    assert apply_deployed(args) is None and (args.producer, args.chunk_s, args.as2d_budget) == ("ct2-chunk", 4.0, None)
+    assert deployed_as2d(None, None, None) == As2dSettings("ct2-chunk", 4.0, None)
     save_deployed(DeployedConfig("ct2-chunk@6s", "whisper-tiny.en", 9, 30.0))
-    args = _decoding_args()
-    apply_deployed(args)
-    assert (args.producer, args.chunk_s, args.as2d_budget) == ("ct2-chunk", 6.0, 9)
-    args = _decoding_args(budget=3, producer="ct2-chunk")
-    apply_deployed(args)
-    assert args.as2d_budget == 3  # an explicit --budget wins
-    args = _decoding_args(producer="autoregressive")
-    apply_deployed(args)
-    assert args.as2d_budget is None  # the selected budget belongs to its own producer
+    assert deployed_as2d(None, None, None) == As2dSettings("ct2-chunk", 6.0, 9)
+    assert deployed_as2d("ct2-chunk", None, 3).budget == 3  # an explicit --budget wins
+    assert deployed_as2d(None, 2.0, None).chunk_s == 2.0  # so does an explicit --chunk-s
+    assert deployed_as2d("autoregressive", None, None).budget is None  # the selected budget belongs to its own producer
     (tmp_path / "as2d.json").write_text(json.dumps({"nonsense": 1}))
     with pytest.raises(InputError, match="select-budget"):
-        apply_deployed(_decoding_args())
+        deployed_as2d(None, None, None)
 
 
 def test_producer_choice_names():

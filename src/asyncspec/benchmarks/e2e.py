@@ -169,6 +169,7 @@ def _asyncspec_systems(args, names: list[str]) -> dict:
     from asyncspec.decoding.result import DecodeConfig
     from asyncspec.models.hf_whisper import WhisperBackend
     from asyncspec.models.registry import load_decoder
+    from asyncspec.profiling.deployed import deployed_as2d
     from asyncspec.run.models import make_producer
 
     # asyncspec's share of the cores: its decoder runs on one thread (its small per-token ops
@@ -181,11 +182,12 @@ def _asyncspec_systems(args, names: list[str]) -> dict:
     if not isinstance(target, WhisperBackend):
         raise InputError(f"{args.model} is not a Whisper model")
     print(f"asyncspec target {args.model} {args.dtype}: {target.encoder_placement.summary()}", flush=True)
-    config = DecodeConfig(budget=args.budget, as2d_budget=getattr(args, "as2d_budget", None))
+    as2d = deployed_as2d(args.producer, args.chunk_s, args.budget)  # unset options: the deployed configuration
+    config = DecodeConfig(budget=args.budget, as2d_budget=as2d.budget)
     systems = {"target": AsyncspecSystem("target", target, None, config, target_load_s)}
     if "as2d" in names:
         started = time.perf_counter()
-        producer = make_producer(args.producer, args.chunk_s, args.producer_model, args.dtype, target)
+        producer = make_producer(as2d.producer, as2d.chunk_s, args.producer_model, args.dtype, target)
         load_s = target_load_s + time.perf_counter() - started
         systems["as2d"] = AsyncspecSystem("as2d", target, producer, config, load_s)
     return systems

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -16,8 +17,8 @@ from asyncspec.models.base import DecodeRequest
 from asyncspec.models.hf_causal import CausalLMBackend
 from asyncspec.models.hf_whisper import WhisperBackend
 from asyncspec.run.compare import equality_check, methods_to_run, run_jobs
-from asyncspec.run.config import decode_config
 from asyncspec.run.models import load_models
+from asyncspec.run.options import DecodingOptions, decode_config
 from asyncspec.run.summary import format_table, summarize
 from asyncspec.run.windows import file_windows, window_jobs
 
@@ -37,13 +38,17 @@ def humaneval_jobs(
 
 def run(args) -> int:
     default_model, default_drafter = WORKLOADS[args.workload]
-    args.model = args.model or default_model
-    args.drafter = args.drafter or default_drafter
-    args.methods = methods_to_run(args.methods, compare=True)
-    config = decode_config(args)
+    options = DecodingOptions.from_args(args)
+    options = replace(
+        options,
+        model=options.model or default_model,
+        drafter=options.drafter or default_drafter,
+        methods=tuple(methods_to_run(options.methods, compare=True)),
+    )
+    config = decode_config(options)
     speech = args.workload == "librivox"
     windows = file_windows([str(clip.path) for clip in librivox_clips()][: args.n]) if speech else []
-    with load_models(args, WhisperBackend if speech else CausalLMBackend, "speech" if speech else "text") as (
+    with load_models(options, WhisperBackend if speech else CausalLMBackend, "speech" if speech else "text") as (
         target,
         drafters,
     ):
@@ -52,19 +57,20 @@ def run(args) -> int:
         else:
             jobs = humaneval_jobs(target, args.n or DEFAULT_PROMPTS, args.max_new_tokens)
         exactness = equality_check(target, config, compare=True)
-        records = run_jobs(target, drafters, jobs, args.methods, config, as_json=False, exactness=exactness)
+        records = run_jobs(target, drafters, jobs, options.methods, config, exactness=exactness)
     summary = summarize(records)
     print(format_table(summary))
     load = os.getloadavg()[0]
-    print(f"machine: {os.cpu_count()} cores, load average {load:.2f}; {args.model} <- {args.drafter}, {args.dtype}")
+    models = f"{options.model} <- {options.drafter}, {options.dtype}"
+    print(f"machine: {os.cpu_count()} cores, load average {load:.2f}; {models}")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     report = {
         "workload": args.workload,
-        "model": args.model,
-        "drafter": args.drafter,
-        "dtype": args.dtype,
-        "budget": args.budget,
+        "model": options.model,
+        "drafter": options.drafter,
+        "dtype": options.dtype,
+        "budget": options.budget,
         "load_average": os.getloadavg()[0],
         "summary": summary,
         "exactness": exactness.as_json() if exactness else None,
@@ -72,7 +78,7 @@ def run(args) -> int:
     }
     (out / f"methods_{args.workload}.json").write_text(json.dumps(report, indent=1))
     plot_methods(
-        records, summary, out / f"methods_{args.workload}.png", f"{args.workload}: {args.model} <- {args.drafter}"
+        records, summary, out / f"methods_{args.workload}.png", f"{args.workload}: {options.model} <- {options.drafter}"
     )
     print(f"wrote {out / f'methods_{args.workload}.json'} and .png")
     return exactness.report() if exactness else 0

@@ -20,7 +20,9 @@ METHOD_ORDER = ["target", "sd", "specasr", "as2d"]
 RECORDINGS = {"espeak": "ondemand_espeak.wav", "librivox": "ondemand_librivox.wav"}
 
 
-def add_arguments(parser, decoding_options) -> None:
+def add_arguments(parser) -> None:
+    from asyncspec.run.options import add_decoding_options
+
     parser.add_argument("--audio", metavar="FILE", help="a long recording (default: built, see --recording)")
     parser.add_argument(
         "--recording",
@@ -33,9 +35,9 @@ def add_arguments(parser, decoding_options) -> None:
     parser.add_argument("--window-s", type=float, default=30.0, help="latest audio each request transcribes")
     parser.add_argument("--block-s", type=float, default=2.0, help="ingestion block (positions fall on block ends)")
     parser.add_argument("--out", default="out", help="folder for bench_ondemand.json / .png and the recording")
-    parser.add_argument("--json-file", metavar="FILE", help="also write the JSON report here")
-    decoding_options(parser, "whisper-base", "whisper-tiny.en")
-    parser.set_defaults(method="sd,specasr,as2d", json=False)
+    parser.add_argument("--json", metavar="FILE", help="also write the JSON report here")
+    add_decoding_options(parser, "whisper-base", "whisper-tiny.en")
+    parser.set_defaults(method="sd,specasr,as2d")
 
 
 def run(args) -> int:
@@ -44,21 +46,22 @@ def run(args) -> int:
     from asyncspec.longform import librivox_recording, long_recording
     from asyncspec.models.hf_whisper import WhisperBackend
     from asyncspec.run.compare import equality_check
-    from asyncspec.run.config import decode_config
     from asyncspec.run.models import load_models
-    from asyncspec.run.report import progress
+    from asyncspec.run.options import DecodingOptions, decode_config
+    from asyncspec.run.report import progress, write_json
 
     if not args.every > 0:
         raise InputError(f"--every must be positive, got {args.every}")
-    methods = [m for m in METHOD_ORDER if m in args.methods or m == "target"]
-    args.methods = methods
+    options = DecodingOptions.from_args(args)
+    methods = [m for m in METHOD_ORDER if m in options.methods or m == "target"]
+    options = options.running(methods)
     out = Path(args.out)
     build = {"espeak": long_recording, "librivox": librivox_recording}[args.recording]
     path = Path(args.audio) if args.audio else build(out / RECORDINGS[args.recording])
     samples = load_audio(path)
-    config = decode_config(args)
+    config = decode_config(options)
     load_before = os.getloadavg()
-    with load_models(args, WhisperBackend, "speech") as (target, drafters):
+    with load_models(options, WhisperBackend, "speech") as (target, drafters):
         exactness = equality_check(target, config, compare=True)
         sweep = RequestSweep(target, drafters, samples, args.window_s, args.block_s, exactness)
         positions = sweep.positions(args.every, args.until)
@@ -70,12 +73,12 @@ def run(args) -> int:
         ]
         memory = sweep.memory()
         sweep.close()
-    report = build_report(records, methods, args, str(path), load_before, memory)
+    report = build_report(records, options, args, str(path), load_before, memory)
     report["exactness"] = exactness.as_json() if exactness else None
     out.mkdir(parents=True, exist_ok=True)
     (out / "bench_ondemand.json").write_text(json.dumps(report, indent=1))  # saved before anything can fail
-    if args.json_file:
-        Path(args.json_file).write_text(json.dumps(report, indent=1))
+    if args.json:
+        write_json(args.json, report)
     print_report(report)
     plot_positions(records, methods, out / "bench_ondemand.png")
     print(f"wrote {out / 'bench_ondemand.json'} and bench_ondemand.png")
@@ -196,22 +199,22 @@ def method_figures(records: list[dict], methods: list[str]) -> dict[str, dict[st
     return figures
 
 
-def build_report(records, methods, args, recording: str, load_before, memory) -> dict[str, Any]:
+def build_report(records, options, args, recording: str, load_before, memory) -> dict[str, Any]:
     return {
         "recording": recording,
-        "model": args.model,
-        "drafter": args.drafter,
-        "producer": args.producer,
-        "producer_model": args.producer_model,
-        "dtype": args.dtype,
-        "budget": args.budget,
+        "model": options.model,
+        "drafter": options.drafter,
+        "producer": options.producer,
+        "producer_model": options.producer_model,
+        "dtype": options.dtype,
+        "budget": options.budget,
         "window_s": args.window_s,
         "every_s": args.every,
         "cores": os.cpu_count(),
         "load_average_before": load_before,
         "load_average_after": os.getloadavg(),
         "memory": memory,
-        "methods": method_figures(records, methods),
+        "methods": method_figures(records, list(options.methods)),
         "records": records,
     }
 

@@ -22,8 +22,8 @@ from asyncspec.errors import InputError
 from asyncspec.exactness import ExactnessCheck
 from asyncspec.models.hf_whisper import WhisperBackend
 from asyncspec.run.compare import equality_check
-from asyncspec.run.config import decode_config
 from asyncspec.run.models import load_models
+from asyncspec.run.options import DecodingOptions, decode_config
 from asyncspec.run.report import progress
 from asyncspec.run.summary import comparison_records
 
@@ -96,15 +96,16 @@ def _mean_sd(runs: list) -> Any:
 
 
 def run(args) -> int:
-    methods = [m for m in METHOD_ORDER if m in args.methods or m == "target"]
-    config = decode_config(args)
+    options = DecodingOptions.from_args(args)
+    methods = [m for m in METHOD_ORDER if m in options.methods or m == "target"]
+    config = decode_config(options)
     if args.dev:
         synthesize_dev_set(Path(args.out) / "dev")
         windows = directory_windows(str(Path(args.out) / "dev"))
     else:
         windows = directory_windows(args.audio) if args.audio else librivox_windows()
     records = []
-    with Headroom(args) as oracle, load_models(args, WhisperBackend, "speech") as (target, drafters):
+    with Headroom(args, options) as oracle, load_models(options, WhisperBackend, "speech") as (target, drafters):
         oracle.start(target)
         exactness = equality_check(target, config, compare=True)
         for dataset, name, samples in progress(windows, len(windows), "bench ondevice"):
@@ -114,7 +115,7 @@ def run(args) -> int:
                 record.update(dataset=dataset, window=name, seconds=round(len(samples) / SAMPLE_RATE, 2))
                 records.append(record)
             oracle.observe(dataset, name, samples, results, exactness)
-    report = build_report(records, methods, args)
+    report = build_report(records, methods, options)
     report["oracle"] = oracle.report()
     report["exactness"] = exactness.as_json() if exactness else None
     out = Path(args.out)
@@ -163,17 +164,17 @@ def method_figures(records: list[dict], methods: list[str]) -> dict[str, dict[st
     return figures
 
 
-def build_report(records: list[dict], methods: list[str], args) -> dict[str, Any]:
+def build_report(records: list[dict], methods: list[str], options: DecodingOptions) -> dict[str, Any]:
     datasets = sorted({r["dataset"] for r in records})
     as2d_rows = [r for r in records if r["method"] == "as2d"]
     return {
-        "model": args.model,
-        "drafter": args.drafter,
-        "producer": args.producer,
-        "producer_model": args.producer_model,
-        "dtype": args.dtype,
-        "as2d_budget": args.budget,
-        "chunk_s": args.chunk_s,
+        "model": options.model,
+        "drafter": options.drafter,
+        "producer": options.producer,
+        "producer_model": options.producer_model,
+        "dtype": options.dtype,
+        "as2d_budget": options.budget,
+        "chunk_s": options.chunk_s,
         "cores": os.cpu_count(),
         "load_average": os.getloadavg(),
         "methods": method_figures(records, methods),

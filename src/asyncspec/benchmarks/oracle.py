@@ -18,18 +18,20 @@ from asyncspec.profiling.deployed import ProducerChoice, load_deployed, parse_ca
 from asyncspec.profiling.headroom import headroom
 from asyncspec.profiling.selection import Entry, ensure_disjoint
 from asyncspec.profiling.trajectory import fingerprint, reference_trajectory, save_trajectories
+from asyncspec.run.options import DecodingOptions
 
 
 class Headroom:
     """Inert unless args.oracle; then a context manager owning the extra producer workers."""
 
-    def __init__(self, args):
+    def __init__(self, args, options: DecodingOptions):
         """Checks everything it needs before any model is loaded."""
-        self.args, self.enabled = args, bool(getattr(args, "oracle", False))
+        self.options, self.enabled = options, bool(getattr(args, "oracle", False))
+        self.out = Path(args.out)
         self.collection, self.stack = Collection(), ExitStack()
         if not self.enabled:
             return
-        if "as2d" not in args.methods:
+        if "as2d" not in options.methods:
             raise InputError("--oracle needs the as2d method")
         self.deployed = load_deployed()
         self.profile_path = args.profile or (self.deployed.development.get("profile") if self.deployed else None)
@@ -43,12 +45,12 @@ class Headroom:
         self.target = target
         if not self.enabled:
             return self
-        args = self.args
-        self.own = ProducerChoice(args.producer, args.chunk_s).name
-        self.budget = args.as2d_budget or DEFAULT_BUDGET
+        options = self.options
+        self.own = ProducerChoice(options.producer, options.chunk_s).name
+        self.budget = options.as2d_budget or DEFAULT_BUDGET
         self.catalog = [c.name for c in self.choices]
         others = [c for c in self.choices if c.name != self.own]
-        self.workers = self.stack.enter_context(producers(others, args.producer_model, args.dtype, self.target))
+        self.workers = self.stack.enter_context(producers(others, options.producer_model, options.dtype, self.target))
         return self
 
     def __enter__(self) -> Headroom:
@@ -85,7 +87,7 @@ class Headroom:
         if not self.enabled:
             return None
         trajectories = self.collection.trajectories
-        save_trajectories(Path(self.args.out) / "bench_ondevice_trajectories.json", trajectories)
+        save_trajectories(self.out / "bench_ondevice_trajectories.json", trajectories)
         catalog = sorted(set(self.catalog) | {self.own})
         report = headroom(trajectories, self.profile, catalog, Entry(self.own, self.budget))
         native = self.collection.native.get(f"as2d:{self.own}", [])

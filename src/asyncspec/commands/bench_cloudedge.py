@@ -1,4 +1,5 @@
-"""Arguments of `asyncspec bench cloudedge` and `asyncspec bench correction` (kept here so cli.py stays small)."""
+"""Arguments of `asyncspec bench cloudedge` and `asyncspec bench correction` (their runs live in
+benchmarks/cloudedge.py and benchmarks/correction_sensitivity.py)."""
 
 from __future__ import annotations
 
@@ -7,10 +8,11 @@ from __future__ import annotations
 METHOD_NAMES = "asymspec,standard,runahead,cosine,no-asym-topk,no-topk,no-pipeline,no-pipeline-runahead"
 
 
-def add_parsers(benches) -> None:
-    bench = benches.add_parser(
-        "cloudedge", help="AsymSpec vs baselines and ablations over emulated weak/medium/strong links"
-    )
+CLOUDEDGE_HELP = "AsymSpec vs baselines and ablations over emulated weak/medium/strong links"
+CORRECTION_HELP = "correction sensitivity: residual TV / recall vs K, task quality"
+
+
+def add_cloudedge_arguments(bench) -> None:
     bench.add_argument("--models", choices=["tiny", "qwen"], help="default: qwen when prepared, else tiny")
     bench.add_argument("--methods", default="all", help=f"comma-separated, or all: {METHOD_NAMES}")
     bench.add_argument("--profiles", default="weak,medium,strong")
@@ -31,9 +33,8 @@ def add_parsers(benches) -> None:
     bench.add_argument("--out", default="out", help="folder for the JSON and PNGs")
     bench.add_argument("--json", metavar="FILE", help="JSON path (default: OUT/cloudedge.json)")
 
-    correction = benches.add_parser(
-        "correction", help="correction sensitivity: residual TV / recall vs K, task quality"
-    )
+
+def add_correction_arguments(correction) -> None:
     correction.add_argument("--models", choices=["tiny", "qwen"], help="default: qwen when prepared, else tiny")
     correction.add_argument("--positions", type=int, default=48, help="rejection positions for the fidelity sweep")
     correction.add_argument("--ks", default="5,8,16,32,64,128,256,512,1024,2048,4096,8192")
@@ -46,13 +47,3 @@ def add_parsers(benches) -> None:
     correction.add_argument("--seed", type=int, default=0)
     correction.add_argument("--out", default="out")
     correction.add_argument("--json", metavar="FILE", help="JSON path (default: OUT/correction.json)")
-
-
-def run(args) -> int:
-    if args.bench == "cloudedge":
-        from asyncspec.benchmarks import cloudedge
-
-        return cloudedge.run(args)
-    from asyncspec.benchmarks import correction_sensitivity
-
-    return correction_sensitivity.run(args)

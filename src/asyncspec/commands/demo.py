@@ -4,38 +4,30 @@ checked token for token against target-only and scored against the reference tra
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 from asyncspec.datasets import librivox_clips
 from asyncspec.models.hf_whisper import WhisperBackend
 from asyncspec.run.compare import equality_check, methods_to_run, print_summary, run_jobs
-from asyncspec.run.config import decode_config
 from asyncspec.run.models import load_models
-from asyncspec.run.summary import summarize
+from asyncspec.run.options import DecodingOptions, decode_config
 from asyncspec.run.windows import file_windows, window_jobs
 from asyncspec.text_metrics import word_errors
 
 
 def run(args) -> int:
+    options = DecodingOptions.from_args(args)
     clips = librivox_clips()
     references = {str(clip.path): clip.transcript for clip in clips}
     windows = file_windows([str(clip.path) for clip in clips])
-    args.methods = methods_to_run(args.methods, compare=True)
-    config = decode_config(args)
-    with load_models(args, WhisperBackend, "speech") as (target, drafters):
+    options = options.running(methods_to_run(options.methods, compare=True))
+    config = decode_config(options)
+    with load_models(options, WhisperBackend, "speech") as (target, drafters):
         exactness = equality_check(target, config, compare=True)
         jobs = window_jobs(target, windows)
-        records = run_jobs(target, drafters, jobs, args.methods, config, as_json=False, exactness=exactness)
-    exit_code = print_summary(records, as_json=False, exactness=exactness)
+        records = run_jobs(target, drafters, jobs, options.methods, config, exactness=exactness)
     wer = word_error_rates(records, references)
+    exit_code = print_summary(records, exactness, args.json, wer=wer)
     for method, rate in wer.items():
-        print(f"{method}: WER {rate * 100:.1f}% against the LibriVox transcripts ({args.model}, {args.dtype})")
-    if args.json:
-        verdict = exactness.as_json() if exactness else None
-        Path(args.json).write_text(
-            json.dumps({"records": records, "summary": summarize(records), "wer": wer, "exactness": verdict}, indent=1)
-        )
+        print(f"{method}: WER {rate * 100:.1f}% against the LibriVox transcripts ({options.model}, {options.dtype})")
     return exit_code
 
 

@@ -11,17 +11,16 @@ import sys
 from asyncspec.cloudedge.link_profiles import DEFAULT_LINK_SCALE, DEFAULT_ONE_WAY_DELAY_MS, PROFILE_RATES_MBIT
 from asyncspec.errors import InputError
 
+HELP = "emulated asymmetric edge-cloud link: a shaping TCP proxy"
+DESCRIPTION = (
+    "Forwards TCP connections from --listen to --target with separate uplink (from the "
+    "connecting side) and downlink rates and one-way delays. Profiles (up/down Mbit/s): "
+    + ", ".join(f"{name} {up:g}/{down:g}" for name, (up, down) in PROFILE_RATES_MBIT.items())
+    + f"; default one-way delay {DEFAULT_ONE_WAY_DELAY_MS:g} ms."
+)
 
-def add_parser(commands) -> None:
-    """Register `link` on the top-level subparsers (called from cli.build_parser)."""
-    link = commands.add_parser(
-        "link",
-        help="emulated asymmetric edge-cloud link: a shaping TCP proxy",
-        description="Forwards TCP connections from --listen to --target with separate uplink (from the "
-        "connecting side) and downlink rates and one-way delays. Profiles (up/down Mbit/s): "
-        + ", ".join(f"{name} {up:g}/{down:g}" for name, (up, down) in PROFILE_RATES_MBIT.items())
-        + f"; default one-way delay {DEFAULT_ONE_WAY_DELAY_MS:g} ms.",
-    )
+
+def add_arguments(link: argparse.ArgumentParser) -> None:
     link.add_argument("--profile", help="weak, medium or strong (or give --up and --down)")
     link.add_argument("--up", type=float, help="uplink Mbit/s (overrides the profile's)")
     link.add_argument("--down", type=float, help="downlink Mbit/s (overrides the profile's)")

@@ -7,17 +7,18 @@ import json
 import os
 import signal
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 from asyncspec.audio import load_audio
 from asyncspec.errors import InputError
 from asyncspec.ondemand.ingest import PACES, PCM_FORMATS, AudioBlock, LatestWindow, file_blocks, pcm_blocks
+from asyncspec.run.options import add_decoding_options
 
 HELP = "serve transcription requests over a live audio stream (or --auto: transcribe every block)"
 
 
-def add_arguments(parser, decoding_options: Callable) -> None:
+def add_arguments(parser) -> None:
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--audio", metavar="FILE", help="an audio file fed as a stream (see --pace)")
     source.add_argument("--stdin", action="store_true", help="raw mono 16 kHz PCM on stdin (see --pcm-format)")
@@ -38,7 +39,7 @@ def add_arguments(parser, decoding_options: Callable) -> None:
     parser.add_argument("--reset-s", type=float, default=12.0, help="--auto: audio and text context reset period")
     parser.add_argument("--out", default="out", help="--auto: folder for listen_auto.json and listen_auto.png")
     parser.add_argument("--language", default="en")
-    decoding_options(parser, "whisper-base", "whisper-tiny.en")
+    add_decoding_options(parser, "whisper-base", "whisper-tiny.en")
     parser.set_defaults(method="as2d")
 
 
@@ -50,23 +51,24 @@ def input_blocks(args) -> Iterator[AudioBlock]:
 
 def run(args) -> int:
     from asyncspec.models.hf_whisper import WhisperBackend
-    from asyncspec.run.config import decode_config
     from asyncspec.run.models import load_models
+    from asyncspec.run.options import DecodingOptions, decode_config
 
+    options = DecodingOptions.from_args(args)
     if args.max_queue < 1:
         raise InputError(f"--max-queue must be at least 1, got {args.max_queue}")
     if args.max_upload_bytes < 1024:
         raise InputError(f"--max-upload-bytes must be at least 1024, got {args.max_upload_bytes}")
     if args.reset_s < args.block_s:
         raise InputError(f"--reset-s ({args.reset_s}) must be at least --block-s ({args.block_s})")
-    config = decode_config(args)
+    config = decode_config(options)
     LatestWindow(args.window_s)  # checks --window-s
     blocks = input_blocks(args)  # a bad file fails here, before any model is loaded
     http = None if args.auto else _bind_http(args)  # a busy port or bad option fails before the models load
-    with load_models(args, WhisperBackend, "speech") as (target, drafters):
+    with load_models(options, WhisperBackend, "speech") as (target, drafters):
         if args.auto:
-            return run_auto(args, target, drafters, config, blocks)
-        return serve(args, target, drafters, config, blocks, http)
+            return run_auto(args, options.methods[0], target, drafters, config, blocks)
+        return serve(args, options.methods, target, drafters, config, blocks, http)
 
 
 def _bind_http(args):
@@ -76,7 +78,7 @@ def _bind_http(args):
     return bind_listening_socket(args.host, args.port), guard
 
 
-def serve(args, target, drafters, config, blocks, http) -> int:
+def serve(args, methods: tuple[str, ...], target, drafters, config, blocks, http) -> int:
     import uvicorn
 
     from asyncspec.httpguard import uvicorn_limits
@@ -90,9 +92,9 @@ def serve(args, target, drafters, config, blocks, http) -> int:
     preparer = Preparer(target, window, args.language).start()
     ingestor = Ingestor(blocks, window)
     ingestor.subscribe(preparer.on_block)
-    engine = Engine(target, drafters, window, preparer, ingestor, args.max_queue, args.methods[0], config).start()
+    engine = Engine(target, drafters, window, preparer, ingestor, args.max_queue, methods[0], config).start()
     ingestor.start()
-    print(f"asyncspec listen: http://{args.host}:{args.port} (methods {', '.join(args.methods)})", file=sys.stderr)
+    print(f"asyncspec listen: http://{args.host}:{args.port} (methods {', '.join(methods)})", file=sys.stderr)
     app = create_app(engine, args.model, UploadLimits(max_bytes=args.max_upload_bytes), guard)
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", **uvicorn_limits(args.max_connections)))
     died = _watch_threads(server, {"preparation": preparer.thread, "request worker": engine.thread})
@@ -128,11 +130,10 @@ def _watch_threads(server, threads: dict) -> list[str]:
     return died
 
 
-def run_auto(args, target, drafters, config, blocks) -> int:
+def run_auto(args, method: str, target, drafters, config, blocks) -> int:
     from asyncspec.ondemand.ingest import Ingestor
     from asyncspec.ondemand.streaming import AutoTranscriber, plot_streaming, records_json, summarize
 
-    method = args.methods[0]
     window = LatestWindow(min(args.window_s, args.reset_s, 30.0))
     auto = AutoTranscriber(
         target, drafters.get(method), method, config, args.block_s, args.reset_s, args.language, on_record=_print_block

@@ -7,6 +7,13 @@ import json
 from asyncspec.errors import InputError
 from asyncspec.models.offline import REGISTRY, is_installed, is_prepared, model_dir, prepare, verify
 
+HELP = "list, prepare or verify the offline models"
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("action", choices=["list", "prepare", "verify"])
+    parser.add_argument("names", nargs="*", help="registered names (default: all)")
+
 
 def run(args) -> int:
     names = args.names or list(REGISTRY)

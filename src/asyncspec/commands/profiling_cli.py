@@ -9,8 +9,10 @@ from asyncspec.profiling.deployed import CATALOG, config_path
 MAX_BUDGET = 24
 
 
-def add_profile(commands) -> None:
-    profile = commands.add_parser("profile", help="measure this device's verification and loop costs")
+PROFILE_HELP = "measure this device's verification and loop costs"
+
+
+def add_profile(profile) -> None:
     profile.add_argument("--model", default="whisper-base")
     profile.add_argument("--producer", default="ct2-chunk@4s", help="producer for the concurrent sweep and loop costs")
     profile.add_argument("--producer-model", default="whisper-tiny.en")
@@ -25,8 +27,10 @@ def add_profile(commands) -> None:
     profile.add_argument("--out", default="out", help="folder for profile.json and profile_saving.png")
 
 
-def add_replay(commands) -> None:
-    replay = commands.add_parser("replay", help="re-price saved runs under a cost profile; --validate vs native")
+REPLAY_HELP = "re-price saved runs under a cost profile; --validate vs native"
+
+
+def add_replay(replay) -> None:
     replay.add_argument("trajectories", nargs="?", help="trajectory JSON (from bench ondevice / select-budget)")
     replay.add_argument("--profile", help="cost profile JSON (validate: default measures one now)")
     replay.add_argument("--validate", action="store_true", help="native As²d vs replay of the same trajectories")
@@ -45,8 +49,10 @@ def add_replay(commands) -> None:
     replay.add_argument("--json", metavar="FILE", help="write the report here (default: OUT/replay*.json)")
 
 
-def add_select_budget(commands) -> None:
-    select = commands.add_parser("select-budget", help="choose As²d's producer and budget on a development split")
+SELECT_BUDGET_HELP = "choose As²d's producer and budget on a development split"
+
+
+def add_select_budget(select) -> None:
     select.add_argument("--audio", metavar="DIR", help="development audio (default: the Festival development set)")
     select.add_argument("--profile", help="cost profile JSON (default: measure one now, widths 1..25)")
     select.add_argument("--producers", default=CATALOG, help="catalog: ct2-chunk@<s>s and/or autoregressive")

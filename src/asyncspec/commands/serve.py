@@ -10,12 +10,14 @@ import threading
 
 from asyncspec.errors import InputError
 
+SERVE_HELP = "run the AsymSpec cloud verifier or edge gateway"
+CLIENT_HELP = "send a prompt to an edge gateway"
 
-def add_commands(commands) -> None:
-    """Adds `serve` and `client` to the CLI's subcommands."""
-    serve = commands.add_parser("serve", help="run the AsymSpec cloud verifier or edge gateway")
+
+def add_serve_arguments(serve: argparse.ArgumentParser) -> None:
     roles = serve.add_subparsers(dest="role", required=True)
     cloud = roles.add_parser("cloud", help="cloud verifier: the target model, batch steps over many requests")
+    cloud.set_defaults(handler="commands.serve:run_cloud")
     cloud.add_argument("--model", default="qwen2.5-coder-1.5b", help="target: registered name, directory or HF id")
     cloud.add_argument("--bind", default="tcp://127.0.0.1:5555")
     cloud.add_argument("--max-batch", type=int, default=32, help="blocks per batch step (one fixed-shape call each)")
@@ -25,6 +27,7 @@ def add_commands(commands) -> None:
     _curve_options(cloud, server=True)
     _model_options(cloud)
     edge = roles.add_parser("edge", help="edge gateway: the drafter, requests, scheduling, HTTP API")
+    edge.set_defaults(handler="commands.serve:run_edge")
     edge.add_argument("--model", default="qwen2.5-coder-0.5b", help="drafter: registered name, directory or HF id")
     edge.add_argument("--cloud", default="tcp://127.0.0.1:5555", help="the cloud verifier's address")
     edge.add_argument("--bind", default="tcp://127.0.0.1:5556", help="ZeroMQ address for `asyncspec client`")
@@ -41,7 +44,9 @@ def add_commands(commands) -> None:
     _http_options(edge)
     _curve_options(edge, server=False)
     _model_options(edge)
-    client = commands.add_parser("client", help="send a prompt to an edge gateway")
+
+
+def add_client_arguments(client: argparse.ArgumentParser) -> None:
     client.add_argument("--edge", default="tcp://127.0.0.1:5556")
     client.add_argument("--prompt", required=True)
     client.add_argument("--max-new-tokens", type=int, default=128)
@@ -49,7 +54,7 @@ def add_commands(commands) -> None:
     client.add_argument("--seed", type=int, default=0)
     client.add_argument("--eps-req", type=float, default=0.0, help="per-request TV budget for bounded corrections")
     client.add_argument("--timeout", type=float, default=600.0)
-    client.add_argument("--json", action="store_true", help="print the result and its statistics as JSON")
+    client.add_argument("--json", metavar="FILE", help="write the result and its statistics here as JSON")
     client.add_argument("--curve-secret", metavar="FILE", help="this client's CURVE secret key file")
     client.add_argument("--curve-server", metavar="FILE", help="the edge's CURVE public key file")
 
@@ -95,12 +100,6 @@ def _http_options(parser: argparse.ArgumentParser) -> None:
 def _model_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", default="bf16", choices=["bf16", "fp32", "fp16"])
     parser.add_argument("--threads", type=int, default=1, help="torch threads")
-
-
-def run(args) -> int:
-    if args.command == "client":
-        return run_client(args)
-    return run_cloud(args) if args.role == "cloud" else run_edge(args)
 
 
 class StopFlag:
@@ -281,6 +280,7 @@ def _wait_started(server, thread: threading.Thread, stop) -> None:
 
 def run_client(args) -> int:
     from asyncspec.cloudedge.client import Completion, EdgeClient, EdgeError
+    from asyncspec.run.report import write_json
 
     if not args.prompt.strip():
         raise InputError("the prompt is empty")
@@ -297,20 +297,19 @@ def run_client(args) -> int:
             for item in client.stream(args.prompt, **options):
                 if isinstance(item, Completion):
                     completion = item
-                elif not args.json:
+                else:
                     print(item, end="", flush=True)
         except (EdgeError, TimeoutError) as error:
             print(f"asyncspec: error: {error}", file=sys.stderr)
             return 1
+    stats = completion.stats
+    print()
+    print(
+        f"[{len(completion.tokens)} tokens, {completion.finish_reason}; TTFT {stats.get('ttft_s') or 0:.3f} s, "
+        f"e2e {stats.get('e2e_s') or 0:.3f} s, acceptance {stats.get('acceptance', 0):.2f}, "
+        f"uplink {stats.get('uplink_bytes')} B, downlink {stats.get('downlink_bytes')} B]",
+        file=sys.stderr,
+    )
     if args.json:
-        print(json.dumps(completion.__dict__))
-    else:
-        stats = completion.stats
-        print()
-        print(
-            f"[{len(completion.tokens)} tokens, {completion.finish_reason}; TTFT {stats.get('ttft_s') or 0:.3f} s, "
-            f"e2e {stats.get('e2e_s') or 0:.3f} s, acceptance {stats.get('acceptance', 0):.2f}, "
-            f"uplink {stats.get('uplink_bytes')} B, downlink {stats.get('downlink_bytes')} B]",
-            file=sys.stderr,
-        )
+        write_json(args.json, completion.__dict__)
     return 0

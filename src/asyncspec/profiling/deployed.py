@@ -85,15 +85,21 @@ def load_deployed(path: Path | None = None) -> DeployedConfig | None:
         raise InputError(f"{path}: not a deployed configuration ({error}); re-run asyncspec select-budget") from error
 
 
-def apply_deployed(args) -> DeployedConfig | None:
-    """Fill the As²d options the user left unset from the deployed configuration (or defaults).
-    Its budget applies only to its own producer kind."""
+@dataclass(frozen=True)
+class As2dSettings:
+    producer: str  # ct2-chunk or autoregressive
+    chunk_s: float
+    budget: int | None  # None: As²d's default
+
+
+def deployed_as2d(producer: str | None, chunk_s: float | None, budget: int | None) -> As2dSettings:
+    """The As²d options the user gave, those left unset (None) taken from the deployed
+    configuration (or the defaults). Its budget applies only to its own producer kind."""
     deployed = load_deployed()
     choice = deployed.choice if deployed else ProducerChoice.parse(DEFAULT_PRODUCER)
-    if args.producer is None:
-        args.producer = choice.kind
-    if args.chunk_s is None:
-        args.chunk_s = choice.chunk_s
-    matches = deployed is not None and args.producer == choice.kind
-    args.as2d_budget = args.budget if args.budget is not None else (deployed.budget if matches else None)
-    return deployed
+    producer = choice.kind if producer is None else producer
+    chunk_s = choice.chunk_s if chunk_s is None else chunk_s
+    matches = deployed is not None and producer == choice.kind
+    if budget is None and matches:
+        budget = deployed.budget
+    return As2dSettings(producer, chunk_s, budget)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -13,23 +13,23 @@ from asyncspec.decoding.methods import METHODS
 from asyncspec.decoding.result import DecodeConfig, DecodeResult
 from asyncspec.exactness import ExactnessCheck
 from asyncspec.models.base import Decoder, DecodeRequest
-from asyncspec.run.report import emit
+from asyncspec.run.report import emit, write_json
 from asyncspec.run.summary import REFERENCE, comparison_records, format_table, summarize
 
 NEEDS_DRAFTER = {"sd", "specasr"}
 
 
-def methods_to_run(methods: list[str], compare: bool) -> list[str]:
+def methods_to_run(methods: Sequence[str], compare: bool) -> list[str]:
     """With --compare, target-only runs first so every other method is checked against it."""
-    return [REFERENCE] + [m for m in methods if m != REFERENCE] if compare else methods
+    return [REFERENCE] + [m for m in methods if m != REFERENCE] if compare else list(methods)
 
 
-def needs_drafter(methods: list[str]) -> bool:
+def needs_drafter(methods: Sequence[str]) -> bool:
     return any(method in NEEDS_DRAFTER for method in methods)
 
 
 def decode_request(
-    target: Decoder, drafters: dict[str, Any], request: DecodeRequest, methods: list[str], config: DecodeConfig
+    target: Decoder, drafters: dict[str, Any], request: DecodeRequest, methods: Sequence[str], config: DecodeConfig
 ) -> list[DecodeResult]:
     """Each method with its own drafter (a prefix-conditioned model, or As²d's producer)."""
     return [METHODS[method](target, drafters.get(method), request, config) for method in methods]
@@ -63,9 +63,8 @@ def run_jobs(
     target: Decoder,
     drafters: dict[str, Any],
     jobs: Iterable[tuple[dict[str, Any], DecodeRequest]],
-    methods: list[str],
+    methods: Sequence[str],
     config: DecodeConfig,
-    as_json: bool,
     trace_path: str | None = None,
     exactness: ExactnessCheck | None = None,
 ) -> list[dict[str, Any]]:
@@ -77,7 +76,7 @@ def run_jobs(
         if exactness is not None:
             check_against_reference(exactness, describe_window(context), request, results)
         for record in comparison_records(results, target, exactness is not None, **context):
-            emit(record, as_json)
+            emit(record)
             records.append(record)
         traced += [(context, result) for result in results]
     if trace_path:
@@ -105,9 +104,17 @@ def check_against_reference(
             exactness.check(where, result.method, request, reference.tokens, result.tokens)
 
 
-def print_summary(records: list[dict[str, Any]], as_json: bool, exactness: ExactnessCheck | None = None) -> int:
-    """The side-by-side table (human output, several methods) and the exactness verdict; the exit
-    code: 1 when any output differs from target-only or nothing was compared, else 0."""
-    if not as_json and len({r["method"] for r in records}) > 1:
-        print(format_table(summarize(records)))
-    return exactness.report() if exactness is not None else 0
+def print_summary(
+    records: list[dict[str, Any]], exactness: ExactnessCheck | None = None, json_path: str | None = None, **extra: Any
+) -> int:
+    """The side-by-side table (several methods), the exactness verdict and, with `json_path`, the
+    records, summary, verdict and `extra` as JSON. The exit code: 1 when any output differs from
+    target-only or nothing was compared, else 0."""
+    summary = summarize(records)
+    if len(summary) > 1:
+        print(format_table(summary))
+    exit_code = exactness.report() if exactness is not None else 0
+    if json_path:
+        verdict = exactness.as_json() if exactness is not None else None
+        write_json(json_path, {"records": records, "summary": summary, **extra, "exactness": verdict})
+    return exit_code

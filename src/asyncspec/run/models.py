@@ -10,26 +10,27 @@ from typing import Any
 from asyncspec.errors import InputError, ModelNotPreparedError
 from asyncspec.models.base import Decoder
 from asyncspec.run.compare import needs_drafter
+from asyncspec.run.options import DecodingOptions
 
 
 @contextmanager
-def load_models(args, kind: type, what: str) -> Iterator[tuple[Decoder, dict[str, Any]]]:
+def load_models(options: DecodingOptions, kind: type, what: str) -> Iterator[tuple[Decoder, dict[str, Any]]]:
     """The target and, per method, its drafter: a prefix-conditioned model for sd/specasr, a
     producer process for as2d (closed on exit)."""
     from asyncspec.models.registry import load_decoder
 
     # As²d's producer process spawns first and loads its model while the target loads
-    producer = spawn_producer_early(args) if "as2d" in args.methods else None
+    producer = spawn_producer_early(options) if "as2d" in options.methods else None
     try:
-        target = load_decoder(args.model, args.dtype, encoder=getattr(args, "encoder", "auto"))
+        target = load_decoder(options.model, options.dtype, encoder=options.encoder)
         if not isinstance(target, kind):
-            raise InputError(f"{args.model} is not a {what} model")
+            raise InputError(f"{options.model} is not a {what} model")
         drafters: dict[str, Any] = {}
-        if needs_drafter(args.methods):
-            drafter = load_decoder(args.drafter, args.dtype, engine="transformers")
+        if needs_drafter(options.methods):
+            drafter = load_decoder(options.drafter, options.dtype, engine="transformers")
             drafters.update(sd=drafter, specasr=drafter)
-        if "as2d" in args.methods and producer is None:
-            producer = start_producer(args, target)
+        if "as2d" in options.methods and producer is None:
+            producer = start_producer(options, target)
         drafters["as2d"] = producer
         yield target, drafters
     finally:
@@ -37,8 +38,8 @@ def load_models(args, kind: type, what: str) -> Iterator[tuple[Decoder, dict[str
             producer.close()
 
 
-def spawn_producer_early(args):
-    """The producer for `args.model`, spawned before the target loads (its tokenizer read from the
+def spawn_producer_early(options: DecodingOptions):
+    """The producer for `options.model`, spawned before the target loads (its tokenizer read from the
     model's files); None when those files are not at hand (it then starts after the target)."""
     from pathlib import Path
 
@@ -46,17 +47,19 @@ def spawn_producer_early(args):
     from asyncspec.ondevice.producer import ProducerProcess
 
     try:
-        tokenizer_file = Path(resolve_source(args.model)[0]) / "tokenizer.json"
+        tokenizer_file = Path(resolve_source(options.model)[0]) / "tokenizer.json"
     except (InputError, ModelNotPreparedError):
         return None  # the target's own load reports it
     if not tokenizer_file.is_file():
         return None
-    spec = producer_spec(args.producer, args.chunk_s, args.producer_model, args.dtype, tokenizer_file.read_text())
+    spec = producer_spec(
+        options.producer, options.chunk_s, options.producer_model, options.dtype, tokenizer_file.read_text()
+    )
     return ProducerProcess(spec, wait=False)
 
 
-def start_producer(args, target: Decoder):
-    return make_producer(args.producer, args.chunk_s, args.producer_model, args.dtype, target)
+def start_producer(options: DecodingOptions, target: Decoder):
+    return make_producer(options.producer, options.chunk_s, options.producer_model, options.dtype, target)
 
 
 def make_producer(kind: str, chunk_s: float, producer_model: str, dtype: str, target: Decoder):

@@ -1,14 +1,15 @@
-"""Shared output: one JSON object per window and method, and a human-readable line."""
+"""Shared output: a record per window and method, its human-readable lines, JSON files, progress."""
 
 from __future__ import annotations
 
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from asyncspec.decoding.result import DecodeResult
-from asyncspec.models.base import Decoder
+if TYPE_CHECKING:  # torch: not for the light commands that only write JSON
+    from asyncspec.decoding.result import DecodeResult
+    from asyncspec.models.base import Decoder
 
 
 def result_record(result: DecodeResult, target: Decoder, **context: Any) -> dict[str, Any]:
@@ -27,10 +28,8 @@ def result_record(result: DecodeResult, target: Decoder, **context: Any) -> dict
     }
 
 
-def emit(record: dict[str, Any], as_json: bool) -> None:
-    if as_json:
-        print(json.dumps(record), flush=True)
-        return
+def emit(record: dict[str, Any]) -> None:
+    """A record as it finishes: what was said, and how fast."""
     where = f"{Path(record['file']).name} [{record['window']}] " if "file" in record else ""
     print(f"{where}{record['method']}: {record['text']}")
     print(
@@ -38,6 +37,13 @@ def emit(record: dict[str, Any], as_json: bool) -> None:
         f"{record['prefill_s']:.2f} s, {record['tps']:.1f} tok/s, {record['target_calls']} target calls",
         flush=True,
     )
+
+
+def write_json(path: str | Path, payload: dict[str, Any]) -> None:
+    """What every `--json FILE` writes: one indented JSON document (its folder made if missing)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(payload, indent=1))
 
 
 def progress(iterable, total: int, label: str):

@@ -1,0 +1,56 @@
+"""Arguments of the decoding commands: transcribe, generate, demo, bench methods and bench ondevice
+(their shared options: run/options.py). Kept free of heavy imports: every CLI call builds them."""
+
+from __future__ import annotations
+
+import argparse
+
+from asyncspec.profiling.deployed import CATALOG
+from asyncspec.run.options import add_decoding_options
+
+TRANSCRIBE_HELP = "transcribe audio files"
+GENERATE_HELP = "continue a text prompt"
+DEMO_HELP = "LibriVox clips: every method side by side, exactness and WER"
+METHODS_HELP = "target-only vs sd vs specasr on LibriVox or HumanEval"
+ONDEVICE_HELP = "target-only vs sd vs specasr vs as2d on real-speech windows"
+JSON_HELP = "write the records, the summary and the exactness verdict here as JSON"
+
+
+def add_transcribe(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("audio", nargs="+", help="WAV/FLAC/OGG/MP3 files")
+    parser.add_argument("--language", default="en")
+    parser.add_argument("--json", metavar="FILE", help=JSON_HELP)
+    add_decoding_options(parser, "whisper-base", "whisper-tiny.en")
+
+
+def add_generate(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--prompt", required=True)
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--json", metavar="FILE", help=JSON_HELP)
+    add_decoding_options(parser, "qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b")
+
+
+def add_demo(parser: argparse.ArgumentParser) -> None:
+    add_decoding_options(parser, "whisper-base", "whisper-tiny.en")
+    parser.set_defaults(method="sd,specasr,as2d")
+    parser.add_argument("--json", metavar="FILE", help="write the records, summary, WER and verdict here as JSON")
+
+
+def add_bench_methods(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--workload", choices=["librivox", "humaneval"], default="librivox")
+    parser.add_argument("--n", type=int, default=None, help="clips or prompts (default: all clips, 5 prompts)")
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--out", default="out", help="folder for the JSON and PNG")
+    add_decoding_options(parser, None, None)
+    parser.set_defaults(method="sd,specasr")
+
+
+def add_bench_ondevice(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--audio", metavar="DIR", help="audio directory (default: LibriVox clips joined to 10-25 s)")
+    parser.add_argument("--dev", action="store_true", help="use the Festival development set (synthesised)")
+    parser.add_argument("--out", default="out", help="folder for the JSON and PNGs")
+    parser.add_argument("--oracle", action="store_true", help="deployed configuration vs per-window oracle")
+    parser.add_argument("--profile", help="--oracle: cost profile JSON (default: the one select-budget used)")
+    parser.add_argument("--catalog", default=CATALOG, help="--oracle: producers the oracle may pick from")
+    add_decoding_options(parser, "whisper-base", "whisper-tiny.en")
+    parser.set_defaults(method="sd,specasr,as2d")

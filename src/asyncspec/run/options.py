@@ -1,0 +1,105 @@
+"""The decoding commands' options, read once from the command line into a frozen value.
+
+The argparse namespace is never written to: what a command derives (the methods to run, As²d's
+settings filled from the deployed configuration, a workload's default models) is a new value
+made with `dataclasses.replace`."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
+
+from asyncspec.errors import InputError
+from asyncspec.profiling.deployed import deployed_as2d
+
+if TYPE_CHECKING:  # both import torch: not while the command line is only being parsed
+    from asyncspec.decoding.result import DecodeConfig
+
+
+def add_decoding_options(parser: argparse.ArgumentParser, default_model: str | None, default_drafter: str | None):
+    """The options every decoding command takes; `DecodingOptions.from_args` reads them back."""
+    parser.add_argument("--model", default=default_model, help="registered name, local directory or HF id")
+    parser.add_argument("--method", default="target", help="comma list of: target, sd, specasr, as2d")
+    parser.add_argument("--drafter", default=default_drafter, help="drafter model for sd/specasr")
+    parser.add_argument("--budget", type=int, default=None, help="proposals per round (sd: 7, specasr cap: 24)")
+    parser.add_argument("--compare", action="store_true", help="also run target-only, check equality, print a table")
+    parser.add_argument("--trace", metavar="FILE", help="save every decode's stage events as JSON")
+    parser.add_argument(
+        "--producer",
+        default=None,
+        choices=["ct2-chunk", "autoregressive"],
+        help="as2d: chunked CTranslate2 recogniser, or a transformers drafter over the whole window "
+        "(default: the deployed configuration from select-budget, else ct2-chunk)",
+    )
+    parser.add_argument("--producer-model", default="whisper-tiny.en", help="as2d: the producer's recogniser")
+    parser.add_argument(
+        "--chunk-s", type=float, default=None, help="as2d: seconds of audio per chunk (default: deployed, else 4)"
+    )
+    parser.add_argument("--dtype", default="bf16", choices=["bf16", "fp32", "fp16"])
+    parser.add_argument(
+        "--encoder",
+        default="auto",
+        choices=["auto", "fp32", "bf16"],
+        help="speech models: the encoder's dtype (auto: the faster on this machine, measured once and cached)",
+    )
+    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=1, help="torch threads for the target (one core each)")
+
+
+@dataclass(frozen=True)
+class DecodingOptions:
+    model: str | None
+    drafter: str | None  # sd/specasr's drafter model
+    methods: tuple[str, ...]
+    dtype: str
+    encoder: str  # speech models: the encoder's dtype, or auto
+    producer: str  # As²d's producer kind
+    producer_model: str
+    chunk_s: float
+    budget: int | None  # --budget as given: every method's proposals per round
+    as2d_budget: int | None  # As²d's: --budget, else the deployed configuration's
+    temperature: float
+    seed: int
+    compare: bool = False
+    trace: str | None = None
+
+    @classmethod
+    def from_args(cls, args) -> DecodingOptions:
+        """The options `add_decoding_options` defines (As²d's unset ones from the deployed configuration)."""
+        from asyncspec.decoding.methods import parse_methods
+
+        as2d = deployed_as2d(args.producer, args.chunk_s, args.budget)
+        return cls(
+            model=args.model,
+            drafter=args.drafter,
+            methods=tuple(parse_methods(args.method)),
+            dtype=args.dtype,
+            encoder=args.encoder,
+            producer=as2d.producer,
+            producer_model=args.producer_model,
+            chunk_s=as2d.chunk_s,
+            budget=args.budget,
+            as2d_budget=as2d.budget,
+            temperature=args.temperature,
+            seed=args.seed,
+            compare=args.compare,
+            trace=args.trace,
+        )
+
+    def running(self, methods: list[str]) -> DecodingOptions:
+        return replace(self, methods=tuple(methods))
+
+
+def decode_config(options: DecodingOptions) -> DecodeConfig:
+    """The settings every method shares, checked once."""
+    from asyncspec.decoding.result import DecodeConfig
+
+    if options.budget is not None and options.budget < 1:
+        raise InputError(f"--budget must be at least 1, got {options.budget}")
+    if options.temperature < 0:
+        raise InputError(f"--temperature must be >= 0, got {options.temperature}")
+    return DecodeConfig(
+        temperature=options.temperature, seed=options.seed, budget=options.budget, as2d_budget=options.as2d_budget
+    )
