@@ -98,3 +98,24 @@ def test_no_function_is_too_long():
                 if length > MAX_FUNCTION_LINES:
                     too_long[f"{relative(path)}:{node.name}"] = length
     assert too_long == {}
+
+
+def test_only_the_plotting_module_imports_matplotlib():
+    """plots.py picks the file-only backend once; a second `import matplotlib` elsewhere could
+    load pyplot before that choice."""
+    offenders = [
+        relative(path) for path in sources() if relative(path) != "plots.py" and imports_package(path, "matplotlib")
+    ]
+    assert offenders == []
+
+
+def test_figures_are_drawn_with_a_lazy_import():
+    """Nothing imports plots.py at its top: the command line and the services never pay for matplotlib."""
+    offenders = []
+    for path in sources():
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.ImportFrom | ast.Import):
+                names = imported_modules(ast.unparse(node), ["asyncspec", *path.relative_to(PACKAGE).parent.parts])
+                if "asyncspec.plots" in names:
+                    offenders.append(relative(path))
+    assert offenders == []

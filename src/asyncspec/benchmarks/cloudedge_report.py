@@ -215,10 +215,7 @@ def format_table_ii(tables: dict) -> str:
 
 
 def plot(results: list[dict], out: Path) -> list[Path]:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from asyncspec.plots import plt, step_cdf
 
     scales = sorted({r["link_scale"] for r in results})
     profiles = [p for p in ("weak", "medium", "strong") if any(r["profile"] == p for r in results)]
@@ -242,9 +239,7 @@ def plot(results: list[dict], out: Path) -> list[Path]:
         for col, profile in enumerate(profiles):
             ax = axes[row][col]
             for method in methods:
-                e2e = sorted(at.get((scale, profile, method), {}).get("e2e_s", []))
-                if e2e:
-                    ax.step(e2e, np.arange(1, len(e2e) + 1) / len(e2e), where="post", label=method)
+                step_cdf(ax, at.get((scale, profile, method), {}).get("e2e_s", []), method)
             ax.set_title(f"{profile}, scale {scale:g}")
             ax.set_xlabel("end-to-end latency (s)")
             ax.set_ylabel("CDF")
@@ -253,10 +248,7 @@ def plot(results: list[dict], out: Path) -> list[Path]:
 
 
 def _save(figure, axes, path: Path) -> Path:
-    import matplotlib.pyplot as plt
+    from asyncspec.plots import save
 
     axes[0][-1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # outside: never over a bar
-    figure.tight_layout()
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
-    return path
+    return save(figure, path)

@@ -64,11 +64,9 @@ def _load(average) -> str:
 
 def plot(report: dict, path: Path) -> None:
     """Left: seconds per file, one bar per system; right: the totals."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     import numpy as np
+
+    from asyncspec.plots import plt, save
 
     systems = report["systems"]
     names = list(systems)
@@ -89,6 +87,4 @@ def plot(report: dict, path: Path) -> None:
     totals.set_ylabel("total seconds (load apart)")
     totals.tick_params(axis="x", rotation=45, labelsize=7)
     figure.suptitle(f"bench e2e: {report['model']}, {report['threads']} threads, {report['device']['cpu']}")
-    figure.tight_layout()
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
+    save(figure, path)

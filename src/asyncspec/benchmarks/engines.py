@@ -153,10 +153,7 @@ def _print(results: dict) -> None:
 
 
 def _plot(results: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from asyncspec.plots import plt, save
 
     figure, axes = plt.subplots(1, len(results), figsize=(6 * len(results), 4.2), squeeze=False)
     for axis, (dtype, by_engine) in zip(axes[0], results.items(), strict=True):
@@ -166,6 +163,4 @@ def _plot(results: dict, path: Path) -> None:
         axis.set(xlabel="call width K", ylabel="V(K) [ms]", title=f"Verification call time, {dtype}")
         axis.grid(alpha=0.3)
         axis.legend()
-    figure.tight_layout()
-    figure.savefig(path, dpi=120)
-    plt.close(figure)
+    save(figure, path, dpi=120)

@@ -86,10 +86,7 @@ def run(args) -> int:
 
 def plot_methods(records: list[dict], summary: dict[str, dict], path: Path, title: str) -> None:
     """Left: pooled TPS per method; right: per-window TPS ratio to target-only."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from asyncspec.plots import plt, save
 
     methods = list(summary)
     figure, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
@@ -114,6 +111,4 @@ def plot_methods(records: list[dict], summary: dict[str, dict], path: Path, titl
     right.set_title("per-window speed-up")
     right.legend()
     figure.suptitle(title)
-    figure.tight_layout()
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
+    save(figure, path)

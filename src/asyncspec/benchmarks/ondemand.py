@@ -237,10 +237,7 @@ def print_report(report: dict[str, Any]) -> None:
 
 
 def plot_positions(records: list[dict], methods: list[str], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from asyncspec.plots import plt, save
 
     figure, (tps_axis, latency_axis) = plt.subplots(2, 1, figsize=(9, 6), sharex=True)
     for method in methods:
@@ -259,6 +256,4 @@ def plot_positions(records: list[dict], methods: list[str], path: Path) -> None:
     tps_axis.legend(fontsize=8)
     latency_axis.set_ylabel("latency (s)")
     latency_axis.set_xlabel("request position in the recording (s)")
-    figure.tight_layout()
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
+    save(figure, path)

@@ -245,30 +245,23 @@ def print_oracle(oracle: dict[str, Any]) -> None:
 
 
 def plot_cdf(records: list[dict], methods: list[str], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from asyncspec.plots import plt, save, step_cdf
 
     figure, axis = plt.subplots(figsize=(7, 4))
     for method in methods:
-        tps = sorted(r["tps"] for r in records if r["method"] == method and r.get("equal_to_target") is not False)
-        axis.step(tps, np.arange(1, len(tps) + 1) / len(tps), where="post", label=method)
+        step_cdf(
+            axis, [r["tps"] for r in records if r["method"] == method and r.get("equal_to_target") is not False], method
+        )
     axis.set_xlabel("tokens / s per window (after prefill)")
     axis.set_ylabel("fraction of windows")
     axis.set_title("per-window throughput (farther right is faster)")
     axis.legend()
-    figure.tight_layout()
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
+    save(figure, path)
 
 
 def plot_timeline(records: list[dict], path: Path) -> None:
     """The longest As²d window: producer work (chunks) and target calls on one time axis."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from asyncspec.plots import plt, save
 
     rows = [r for r in records if r["method"] == "as2d"]
     if not rows:
@@ -288,6 +281,4 @@ def plot_timeline(records: list[dict], path: Path) -> None:
     axis.set_xlabel("seconds after prefill")
     axis.set_title(f"As²d on window {record['window']} ({record['seconds']} s audio, {record['n_tokens']} tokens)")
     axis.legend(loc="upper right", fontsize=8)
-    figure.tight_layout()
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
+    save(figure, path)

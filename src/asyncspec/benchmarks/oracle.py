@@ -104,10 +104,7 @@ class Headroom:
 
 def plot_headroom(report: dict[str, Any], path: Path) -> None:
     """Per test window: the per-window oracle's replay TPS against the deployed configuration's."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from asyncspec.plots import plt, save
 
     rows = report["per_window"]
     x = range(len(rows))
@@ -123,6 +120,4 @@ def plot_headroom(report: dict[str, Any], path: Path) -> None:
     )
     axis.legend()
     axis.grid(alpha=0.3, axis="y")
-    figure.tight_layout()
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
+    save(figure, path)

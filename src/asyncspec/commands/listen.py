@@ -131,8 +131,9 @@ def _watch_threads(server, threads: dict) -> list[str]:
 
 
 def run_auto(args, method: str, target, drafters, config, blocks) -> int:
+    from asyncspec.ondemand.figures import plot_streaming
     from asyncspec.ondemand.ingest import Ingestor
-    from asyncspec.ondemand.streaming import AutoTranscriber, plot_streaming, records_json, summarize
+    from asyncspec.ondemand.streaming import AutoTranscriber, records_json, summarize
 
     window = LatestWindow(min(args.window_s, args.reset_s, 30.0))
     auto = AutoTranscriber(

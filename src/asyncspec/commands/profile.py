@@ -153,10 +153,7 @@ def print_profile(profile: CostProfile, transformers_ms: dict[int, float] | None
 
 
 def plot_saving(profile: CostProfile, path: Path, transformers_ms: dict[int, float] | None = None) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from asyncspec.plots import plt, save
 
     widths = [k for k in profile.widths if k > 1]
     figure, (saving_axis, cost_axis) = plt.subplots(1, 2, figsize=(12, 4.2))
@@ -184,6 +181,4 @@ def plot_saving(profile: CostProfile, path: Path, transformers_ms: dict[int, flo
     for axis in (saving_axis, cost_axis):
         axis.grid(alpha=0.3)
         axis.legend()
-    figure.tight_layout()
-    figure.savefig(path, dpi=120)
-    plt.close(figure)
+    save(figure, path, dpi=120)

@@ -92,10 +92,7 @@ def _print_selection(catalog: Catalog, ranking) -> None:
 
 
 def plot_budgets(catalog: Catalog, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from asyncspec.plots import plt, save
 
     figure, axis = plt.subplots(figsize=(8, 4.2))
     for producer in sorted({e.producer for e in catalog.seconds}):
@@ -115,6 +112,4 @@ def plot_budgets(catalog: Catalog, path: Path) -> None:
     )
     axis.grid(alpha=0.3)
     axis.legend()
-    figure.tight_layout()
-    figure.savefig(path, dpi=120)
-    plt.close(figure)
+    save(figure, path, dpi=120)
