@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from asyncspec.audio import load_audio
-from asyncspec.datasets import librivox_clips
+from asyncspec.data.librivox import librivox_clips
 from asyncspec.decoding import as2d
 from asyncspec.decoding.methods import METHODS
 from asyncspec.decoding.result import DecodeConfig
@@ -196,7 +196,7 @@ def test_real_producer_is_decoupled_and_output_is_exact(whisper_base_bf16, kind,
 
 
 def test_festival_development_set(tmp_path):
-    from asyncspec.devset import synthesize_dev_set
+    from asyncspec.data.devset import synthesize_dev_set
 
     paths = synthesize_dev_set(tmp_path)
     assert len(paths) == 12

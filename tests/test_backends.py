@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from asyncspec.audio import load_audio
-from asyncspec.datasets import librivox_clips
+from asyncspec.data.librivox import librivox_clips
 from asyncspec.models.base import DecodeRequest
 from asyncspec.models.selftest import _kv_rows
 from conftest import requires_qwen_05b, synthetic_speech, tiny_causal, tiny_whisper

@@ -12,7 +12,7 @@ from asyncspec.benchmarks import e2e
 from asyncspec.benchmarks.e2e import librivox_files, parse_systems
 from asyncspec.benchmarks.e2e_systems import faster_whisper_installed, vocabulary
 from asyncspec.cli import EXIT_BAD_INPUT, main
-from asyncspec.datasets import librivox_clips
+from asyncspec.data.librivox import librivox_clips
 from asyncspec.models.offline import package_file
 
 SYSTEM_KEYS = {"total_s", "files", "wer", "load_s", "warmup_s"}

@@ -11,7 +11,7 @@ import pytest
 import soundfile
 
 from asyncspec.cli import EXIT_BAD_INPUT, main
-from asyncspec.datasets import librivox_clips
+from asyncspec.data.librivox import librivox_clips
 from asyncspec.profiling.costs import CONCURRENT, IDLE, CostProfile
 from asyncspec.text_metrics import word_errors
 

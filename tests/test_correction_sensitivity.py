@@ -31,7 +31,7 @@ def test_no_residual_when_the_draft_matches():
 
 def test_quality_record_scores_gsm8k_completions():
     from asyncspec.benchmarks.correction_sensitivity import quality_record
-    from asyncspec.workloads.tasks import load_tasks
+    from asyncspec.data.workloads.tasks import load_tasks
 
     tasks = load_tasks("gsm8k", limit=2)
     texts = [(f"so the answer is \\boxed{{{tasks[0].reference}}}", {"corrections": {"full": 1}}), ("\\boxed{-1}", {})]

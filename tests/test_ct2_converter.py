@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from asyncspec.audio import load_audio
-from asyncspec.datasets import librivox_clips
+from asyncspec.data.librivox import librivox_clips
 from asyncspec.decoding.target_only import decode_target_only
 from asyncspec.models.ct2_whisper import ConversionError, ct2_to_hf_state_dict, read_ct2_variables
 from asyncspec.models.registry import load_decoder

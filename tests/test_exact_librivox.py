@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from asyncspec.audio import load_audio
-from asyncspec.benchmarks.ondevice import librivox_windows
-from asyncspec.datasets import librivox_clips
+from asyncspec.data.librivox import librivox_clips
+from asyncspec.data.windows import librivox_windows
 from asyncspec.decoding.methods import METHODS
 from asyncspec.decoding.result import DecodeConfig
 from asyncspec.models.pre_encoded import PreEncodedTarget

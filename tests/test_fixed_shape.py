@@ -127,7 +127,7 @@ def test_self_test_uses_every_row_index_of_a_call():
 @pytest.mark.parametrize("dtype", ["bf16", "fp32"])
 def test_real_whisper_base_rows_are_call_invariant(dtype):
     from asyncspec.audio import load_audio
-    from asyncspec.datasets import librivox_clips
+    from asyncspec.data.librivox import librivox_clips
     from asyncspec.models.registry import load_decoder
 
     decoder = load_decoder("whisper-base", dtype)

@@ -21,7 +21,7 @@ from asyncspec.cli import EXIT_BAD_INPUT, main
     ],
 )
 def test_bad_arguments_exit_2(tmp_path, capsys, argv, message):
-    from asyncspec.datasets import librivox_clips
+    from asyncspec.data.librivox import librivox_clips
 
     notes = tmp_path / "notes.txt"
     notes.write_text("not audio")

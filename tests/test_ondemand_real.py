@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from asyncspec.audio import load_audio
-from asyncspec.datasets import librivox_clips
+from asyncspec.data.librivox import librivox_clips
 from asyncspec.decoding.methods import METHODS
 from asyncspec.decoding.result import DecodeConfig
 from asyncspec.ondemand.engine import Engine

@@ -12,7 +12,13 @@ import time
 
 import pytest
 
-from asyncspec.workloads.sandbox import files_protected, isolation, network_isolated, processes_isolated, run_untrusted
+from asyncspec.data.workloads.sandbox import (
+    files_protected,
+    isolation,
+    network_isolated,
+    processes_isolated,
+    run_untrusted,
+)
 
 
 def test_a_correct_program_passes_and_a_failing_one_says_why():

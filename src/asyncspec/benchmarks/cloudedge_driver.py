@@ -22,7 +22,7 @@ from asyncspec.cloudedge.link import LinkStats
 from asyncspec.cloudedge.link_process import LinkProcess
 from asyncspec.cloudedge.link_profiles import LinkProfile
 from asyncspec.cloudedge.transport import Channel, make_socket
-from asyncspec.workloads.arrivals import Arrival, make_scheduler
+from asyncspec.data.workloads.arrivals import Arrival, make_scheduler
 
 
 @dataclass

@@ -154,7 +154,7 @@ def decode_with(target, drafter, policy, prompts: list[str], max_new_tokens: int
 def task_quality(target, drafter, args, models: str) -> dict:
     from asyncspec.cloudedge.correction import CorrectionPolicy
     from asyncspec.cloudedge.policy import EdgePolicy
-    from asyncspec.workloads.tasks import load_tasks
+    from asyncspec.data.workloads.tasks import load_tasks
 
     if models == "tiny":
         return {"note": "task quality needs the real models (tiny models cannot solve tasks)"}
@@ -180,7 +180,7 @@ def task_quality(target, drafter, args, models: str) -> dict:
 
 def quality_record(tasks, texts: list[tuple[str, dict]], seconds: float) -> dict:
     """Scores (HumanEval pass@1 / GSM8K exact match) of one setting's completions, with their correction modes."""
-    from asyncspec.workloads.scoring import accuracy, score
+    from asyncspec.data.workloads.scoring import accuracy, score
 
     scores = [score(task, text) for task, (text, _) in zip(tasks, texts, strict=True)]
     return {
@@ -216,7 +216,7 @@ def fidelity_prompts(models: str, count: int) -> list[str]:
         from asyncspec.benchmarks.tiny_pair import tiny_prompts
 
         return tiny_prompts(count)
-    from asyncspec.workloads.tasks import load_tasks
+    from asyncspec.data.workloads.tasks import load_tasks
 
     half = max(1, count // 2)
     return [t.prompt for t in load_tasks("humaneval", limit=half)] + [t.prompt for t in load_tasks("gsm8k", limit=half)]

@@ -135,8 +135,8 @@ def librivox_files(folder: Path) -> list[BenchFile]:
     system reads a file (the joined transcript is the clips' transcripts in the same order)."""
     import soundfile
 
-    from asyncspec.benchmarks.ondevice import librivox_windows
-    from asyncspec.datasets import librivox_clips
+    from asyncspec.data.librivox import librivox_clips
+    from asyncspec.data.windows import librivox_windows
 
     clips = librivox_clips()
     files = [BenchFile(c.path, soundfile.info(str(c.path)).duration, c.transcript) for c in clips]

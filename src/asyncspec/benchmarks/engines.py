@@ -47,7 +47,7 @@ def run(args) -> int:
 
 
 def _windows(n: int):
-    from asyncspec.benchmarks.ondevice import librivox_windows
+    from asyncspec.data.windows import librivox_windows
 
     return [samples for _, _, samples in librivox_windows()[:n]]
 

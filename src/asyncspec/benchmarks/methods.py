@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from asyncspec.benchmarks.humaneval import humaneval_prompts
-from asyncspec.datasets import librivox_clips
+from asyncspec.data.librivox import librivox_clips
 from asyncspec.models.base import DecodeRequest
 from asyncspec.models.hf_causal import CausalLMBackend
 from asyncspec.models.hf_whisper import WhisperBackend

@@ -42,8 +42,8 @@ def add_arguments(parser) -> None:
 
 def run(args) -> int:
     from asyncspec.audio import load_audio
+    from asyncspec.data.longform import librivox_recording, long_recording
     from asyncspec.errors import InputError
-    from asyncspec.longform import librivox_recording, long_recording
     from asyncspec.models.hf_whisper import WhisperBackend
     from asyncspec.run.compare import equality_check
     from asyncspec.run.models import load_models

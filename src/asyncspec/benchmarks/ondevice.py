@@ -10,15 +10,12 @@ from pathlib import Path
 from statistics import mean
 from typing import Any
 
-import numpy as np
-
-from asyncspec.audio import SAMPLE_RATE, WINDOW_SECONDS, load_audio, split_windows
+from asyncspec.audio import SAMPLE_RATE
 from asyncspec.benchmarks.oracle import Headroom, plot_headroom
-from asyncspec.datasets import librivox_clips
+from asyncspec.data.devset import synthesize_dev_set
+from asyncspec.data.windows import directory_windows, librivox_windows
 from asyncspec.decoding.methods import METHODS
 from asyncspec.decoding.result import DecodeConfig
-from asyncspec.devset import synthesize_dev_set
-from asyncspec.errors import InputError
 from asyncspec.exactness import ExactnessCheck
 from asyncspec.models.hf_whisper import WhisperBackend
 from asyncspec.run.compare import equality_check
@@ -30,34 +27,6 @@ from asyncspec.run.summary import comparison_records
 METHOD_ORDER = ["target", "sd", "specasr", "as2d"]
 SD_BUDGETS = (5, 6, 7, 8)
 SERIAL = ("sd", "specasr")
-
-
-def librivox_windows() -> list[tuple[str, str, np.ndarray]]:
-    """(dataset, name, samples): the five clips joined into longer windows of 10-25 s, in several
-    orders, so each window is real continuous speech of a length where drafting start-up matters less."""
-    clips = [load_audio(clip.path) for clip in librivox_clips()]
-    groups = {
-        "librivox-25s": [(0, 1, 2, 3, 4), (2, 3, 4, 0, 1), (4, 0, 1, 2, 3)],
-        "librivox-15s": [(0, 1, 2), (2, 3, 4), (1, 3, 4), (0, 3, 4)],
-        "librivox-10s": [(0, 1), (3, 4, 1), (2, 3)],
-    }
-    return [
-        (dataset, "+".join(str(i) for i in order), np.concatenate([clips[i] for i in order]))
-        for dataset, orders in groups.items()
-        for order in orders
-    ]
-
-
-def directory_windows(directory: str) -> list[tuple[str, str, np.ndarray]]:
-    root = Path(directory)
-    files = sorted(p for p in root.rglob("*") if p.suffix.lower() in {".wav", ".flac", ".ogg", ".mp3"})
-    if not files:
-        raise InputError(f"{directory}: no audio files (wav, flac, ogg, mp3)")
-    return [
-        (root.name, f"{path.name}#{w.index}", w.samples)
-        for path in files
-        for w in split_windows(load_audio(path), WINDOW_SECONDS)
-    ]
 
 
 def run_window(

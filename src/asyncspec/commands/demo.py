@@ -4,7 +4,7 @@ checked token for token against target-only and scored against the reference tra
 
 from __future__ import annotations
 
-from asyncspec.datasets import librivox_clips
+from asyncspec.data.librivox import librivox_clips
 from asyncspec.models.hf_whisper import WhisperBackend
 from asyncspec.run.compare import equality_check, methods_to_run, print_summary, run_jobs
 from asyncspec.run.models import load_models

@@ -11,7 +11,7 @@ from pathlib import Path
 from statistics import mean
 
 from asyncspec.audio import load_audio
-from asyncspec.devset import calibration_audio
+from asyncspec.data.devset import calibration_audio
 from asyncspec.errors import InputError
 from asyncspec.models.base import DecodeRequest
 from asyncspec.models.hf_whisper import WhisperBackend

@@ -48,7 +48,7 @@ def price_saved(trajectories: list[WindowTrajectory], profile: CostProfile) -> d
 
 
 def validate(args) -> int:
-    from asyncspec.benchmarks.ondevice import directory_windows, librivox_windows
+    from asyncspec.data.windows import directory_windows, librivox_windows
     from asyncspec.models.registry import load_decoder
     from asyncspec.profiling.collect import collect, producers
 

@@ -17,8 +17,8 @@ from asyncspec.profiling.trajectory import save_trajectories
 
 
 def run(args) -> int:
-    from asyncspec.benchmarks.ondevice import directory_windows
-    from asyncspec.devset import synthesize_dev_set
+    from asyncspec.data.devset import synthesize_dev_set
+    from asyncspec.data.windows import directory_windows
     from asyncspec.models.registry import load_decoder
     from asyncspec.profiling.collect import collect, producers
 

@@ -126,7 +126,7 @@ def librivox_recording(path: Path, min_seconds: float = 600.0) -> Path:
     lasts at least `min_seconds`, so every 30 s window is continuous read speech by one speaker."""
     from itertools import permutations
 
-    from asyncspec.datasets import librivox_clips
+    from asyncspec.data.librivox import librivox_clips
 
     if path.is_file() and soundfile.info(str(path)).duration >= min_seconds:
         return path

@@ -13,10 +13,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cache
 
+from asyncspec.data.workloads.gsm8k import exact_match
+from asyncspec.data.workloads.sandbox import run_untrusted
+from asyncspec.data.workloads.tasks import Task
 from asyncspec.errors import InputError
-from asyncspec.workloads.gsm8k import exact_match
-from asyncspec.workloads.sandbox import run_untrusted
-from asyncspec.workloads.tasks import Task
 
 HUMANEVAL_TIMEOUT_S = 3.0
 
@@ -66,7 +66,7 @@ def score(task: Task, completion: str, timeout: float = HUMANEVAL_TIMEOUT_S) -> 
         ensure_humaneval_executes()
         return humaneval_check(task.problem, completion, timeout)
     if task.workload == "gsm8k":
-        from asyncspec.workloads.gsm8k import extract_answer
+        from asyncspec.data.workloads.gsm8k import extract_answer
 
         return Score(task.task_id, exact_match(completion, task.reference), str(extract_answer(completion)))
     raise InputError(f"no scorer for workload {task.workload!r}")

@@ -58,7 +58,7 @@ def gsm8k_tasks(limit: int | None = None, fmt: str = "chat", path: Path = GSM8K_
         raise InputError(f"unknown GSM8K prompt format {fmt!r}; choose one of {', '.join(GSM8K_FORMATS)}")
     if not path.is_file():
         raise InputError(f"{path}: GSM8K test set not found (set ASYNCSPEC_GSM8K to its test.jsonl)")
-    from asyncspec.workloads.gsm8k import reference_answer
+    from asyncspec.data.workloads.gsm8k import reference_answer
 
     tasks = []
     for line_no, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
