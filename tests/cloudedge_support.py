@@ -16,8 +16,8 @@ from pathlib import Path
 from asyncspec.cloudedge import protocol as wire
 from asyncspec.cloudedge.cloud import CloudConfig, CloudVerifier
 from asyncspec.cloudedge.edge import EdgeGateway
-from asyncspec.cloudedge.frame_proxy import FrameProxy, FrameProxyConfig
 from asyncspec.cloudedge.policy import EdgePolicy
+from frame_proxy import FrameProxy, FrameProxyConfig
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 

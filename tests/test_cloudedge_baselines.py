@@ -9,13 +9,13 @@ import torch
 from asyncspec.cloudedge import protocol as wire
 from asyncspec.cloudedge.cloud import CloudConfig
 from asyncspec.cloudedge.correction import CorrectionPolicy
-from asyncspec.cloudedge.frame_proxy import FrameProxyConfig
 from asyncspec.cloudedge.methods import METHODS, method_policy
 from asyncspec.cloudedge.policy import EdgePolicy
 from asyncspec.decoding.target_only import decode_target_only
 from asyncspec.errors import InputError
 from asyncspec.models.base import DecodeRequest
 from cloudedge_support import model_pair, open_block_violations, run_requests, services
+from frame_proxy import FrameProxyConfig
 
 BASE = EdgePolicy(block_size=4, dead_after_s=2.0, give_up_s=30.0, correction=CorrectionPolicy(k_schedule=(4, 16)))
 
@@ -89,7 +89,8 @@ def test_runahead_sampling_completes_and_counts_invalid_work(sampling_pair):
     sampling = [wire.Sampling(1.0, seed) for seed in range(4)]
     results, _, counters, _ = run_method(sampling_pair, "no-pipeline-runahead", prompts, lengths, sampling)
     assert [r["type"] for r in results] == ["done"] * 4
-    assert [len(r["tokens"]) for r in results] == lengths or all(r["type"] == "done" for r in results)
+    for result, length in zip(results, lengths, strict=True):  # the full length, unless the sample ended it
+        assert len(result["tokens"]) == length or (result["finish_reason"] == "eos" and len(result["tokens"]) < length)
     assert counters.invalidated_blocks > 0
     assert sum(r["stats"]["invalidated_tokens"] for r in results) >= counters.invalidated_blocks
 
@@ -137,7 +138,7 @@ def test_bench_cloudedge_tiny_writes_json_and_plots(tmp_path):
     assert document["exactness"]["passed"] is True  # greedy: every output of every run checked against target-only
     assert document["exactness"]["checked"] == 4 * 3 and all(r["exact"] is True for r in document["results"])
     runahead = [r for r in document["results"] if r["method"] == "runahead"]
-    assert all(r["max_open_blocks_per_request"] >= 1 for r in runahead)
+    assert all(r["max_open_blocks_per_request"] > 1 for r in runahead)  # runahead drafts past an open block
     assert all(r["max_open_blocks_per_request"] == 1 for r in document["results"] if r["method"] == "asymspec")
     for name in ("cloudedge_throughput.png", "cloudedge_latency_cdf.png"):
         assert (out / name).stat().st_size > 1000

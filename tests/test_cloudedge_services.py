@@ -11,11 +11,11 @@ import torch
 from asyncspec.cloudedge import protocol as wire
 from asyncspec.cloudedge.cloud import CloudConfig
 from asyncspec.cloudedge.correction import CorrectionPolicy
-from asyncspec.cloudedge.frame_proxy import FrameProxyConfig
 from asyncspec.cloudedge.policy import EdgePolicy
 from asyncspec.decoding.target_only import decode_target_only
 from asyncspec.models.base import DecodeRequest
 from cloudedge_support import model_pair, open_block_violations, run_requests, services
+from frame_proxy import FrameProxyConfig
 
 PROMPT = [3, 4, 5]
 POLICY = EdgePolicy(block_size=6, dead_after_s=2.0, give_up_s=30.0)

@@ -119,3 +119,10 @@ def test_figures_are_drawn_with_a_lazy_import():
                 if "asyncspec.plots" in names:
                     offenders.append(relative(path))
     assert offenders == []
+
+
+def test_the_services_never_import_the_link_emulator():
+    """cloudedge/link/ emulates the network for benchmarks and tests; a deployment has a real one."""
+    services = [path for path in (PACKAGE / "cloudedge").glob("*.py")]
+    offenders = [relative(path) for path in services if imports_package(path, "asyncspec.cloudedge.link")]
+    assert offenders == []

@@ -20,10 +20,10 @@ import pytest
 import zmq
 
 from asyncspec.cli import EXIT_BAD_INPUT, main
-from asyncspec.cloudedge.link import LinkThread
-from asyncspec.cloudedge.link_kernel import KernelShaper, kernel_shaping_available
-from asyncspec.cloudedge.link_process import LinkProcess
-from asyncspec.cloudedge.link_profiles import DEFAULT_LINK_SCALE, LinkProfile, resolve_profile
+from asyncspec.cloudedge.link.kernel import KernelShaper, kernel_shaping_available
+from asyncspec.cloudedge.link.process import LinkProcess
+from asyncspec.cloudedge.link.profiles import DEFAULT_LINK_SCALE, LinkProfile, resolve_profile
+from asyncspec.cloudedge.link.proxy import LinkThread
 from asyncspec.errors import InputError
 
 TOLERANCE = 0.10
@@ -77,7 +77,7 @@ def duplex_rates(profile: LinkProfile, n_up: int, n_down: int, kernel: bool = Fa
     shaper = contextlib.nullcontext()
     proxy_profile = profile
     if kernel:
-        from asyncspec.cloudedge.link_kernel import KernelShaper
+        from asyncspec.cloudedge.link.kernel import KernelShaper
 
         shaper = KernelShaper(profile, target_port=server.port)
         proxy_profile = shaper.userspace_profile()
@@ -117,7 +117,7 @@ KERNEL_PROBE = """
 import json, sys
 sys.path.insert(0, "tests")
 from test_link import duplex_rates
-from asyncspec.cloudedge.link_profiles import resolve_profile
+from asyncspec.cloudedge.link.profiles import resolve_profile
 profile = resolve_profile(up_mbit=16, down_mbit=32, up_delay_ms=30, down_delay_ms=10)
 up = duplex_rates(profile, n_up=3_000_000, n_down=0, kernel=True)
 down = duplex_rates(profile, n_up=0, n_down=6_000_000, kernel=True)
@@ -427,11 +427,20 @@ def test_link_process_carries_zeromq_and_reports_wire_bytes():
     assert link.stats.connections_total == 1 and link.stats.connect_failures == 0
 
 
-def test_default_link_scale_follows_from_its_stated_inputs():
-    from asyncspec.cloudedge.link_profiles import CPU_VERIFY_S_WIDTH8, GPU_VERIFY_S_32B_A100
+def test_the_default_link_scale_restores_the_papers_upload_to_verify_ratio():
+    """A block's upload over the scaled link, over this CPU's verification time, is the paper's
+    upload over its GPU verification time: within the 25% the default rounds down by (44 -> 40),
+    on both directions of every profile, and never overstating the network's share."""
+    from asyncspec.cloudedge.link.profiles import CPU_VERIFY_S_WIDTH8, GPU_VERIFY_S_32B_A100, PROFILE_RATES_MBIT
 
-    derived = CPU_VERIFY_S_WIDTH8 / GPU_VERIFY_S_32B_A100  # 2.0 s / 45.2 ms
-    assert DEFAULT_LINK_SCALE <= derived < DEFAULT_LINK_SCALE * 1.25
+    block_bytes = 1_000  # the ratio is the same for any payload
+    for name in PROFILE_RATES_MBIT:
+        paper, here = resolve_profile(name), resolve_profile(name, scale=DEFAULT_LINK_SCALE)
+        for rate in ("up_bytes_per_s", "down_bytes_per_s"):
+            paper_ratio = block_bytes / getattr(paper, rate) / GPU_VERIFY_S_32B_A100
+            emulated_ratio = block_bytes / getattr(here, rate) / CPU_VERIFY_S_WIDTH8
+            assert 0.8 < emulated_ratio / paper_ratio <= 1.0, (name, rate)
+        assert (here.up_delay_ms, here.down_delay_ms) == (paper.up_delay_ms, paper.down_delay_ms)  # not scaled
 
 
 def test_cli_reports_a_busy_listen_port(capsys):

@@ -31,7 +31,7 @@ from asyncspec.benchmarks.cloudedge_driver import (
     spawn_service,
     stop_service,
 )
-from asyncspec.cloudedge.link_profiles import DEFAULT_LINK_SCALE, resolve_profile
+from asyncspec.cloudedge.link.profiles import DEFAULT_LINK_SCALE, resolve_profile
 from asyncspec.cloudedge.methods import COSINE_NOTE
 from asyncspec.errors import InputError
 from asyncspec.exactness import ExactnessCheck

@@ -18,9 +18,9 @@ from pathlib import Path
 import zmq
 
 from asyncspec.cloudedge import protocol as wire
-from asyncspec.cloudedge.link import LinkStats
-from asyncspec.cloudedge.link_process import LinkProcess
-from asyncspec.cloudedge.link_profiles import LinkProfile
+from asyncspec.cloudedge.link.process import LinkProcess
+from asyncspec.cloudedge.link.profiles import LinkProfile
+from asyncspec.cloudedge.link.proxy import LinkStats
 from asyncspec.cloudedge.transport import Channel, make_socket
 from asyncspec.data.workloads.arrivals import Arrival, make_scheduler
 

@@ -8,7 +8,7 @@ import contextlib
 import signal
 import sys
 
-from asyncspec.cloudedge.link_profiles import DEFAULT_LINK_SCALE, DEFAULT_ONE_WAY_DELAY_MS, PROFILE_RATES_MBIT
+from asyncspec.cloudedge.link.profiles import DEFAULT_LINK_SCALE, DEFAULT_ONE_WAY_DELAY_MS, PROFILE_RATES_MBIT
 from asyncspec.errors import InputError
 
 HELP = "emulated asymmetric edge-cloud link: a shaping TCP proxy"
@@ -49,8 +49,8 @@ def parse_address(text: str, what: str) -> tuple[str, int]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from asyncspec.cloudedge.link import ShapingProxy
-    from asyncspec.cloudedge.link_profiles import resolve_profile
+    from asyncspec.cloudedge.link.profiles import resolve_profile
+    from asyncspec.cloudedge.link.proxy import ShapingProxy
 
     profile = resolve_profile(
         args.profile, args.up, args.down, args.delay_ms, args.up_delay_ms, args.down_delay_ms, args.link_scale
@@ -58,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
     listen, target = parse_address(args.listen, "--listen"), parse_address(args.target, "--target")
     shaper = None
     if args.kernel:
-        from asyncspec.cloudedge.link_kernel import KernelShaper
+        from asyncspec.cloudedge.link.kernel import KernelShaper
 
         shaper = KernelShaper(profile, target_port=target[1], client_is_edge=args.client_side == "edge")
         profile = shaper.userspace_profile()
@@ -74,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
             asyncio.run(_serve_until_signal(proxy, ready))
         except OSError as error:
             raise InputError(f"cannot listen on {args.listen}: {error.strerror or error}") from None
-    from asyncspec.cloudedge.link_process import stats_line
+    from asyncspec.cloudedge.link.process import stats_line
 
     print(stats_line(proxy.stats), file=sys.stderr)
     return 0
@@ -86,6 +86,6 @@ async def _serve_until_signal(proxy, ready) -> None:
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, task.cancel)
     with contextlib.suppress(asyncio.CancelledError):
-        from asyncspec.cloudedge.link import serve_forever
+        from asyncspec.cloudedge.link.proxy import serve_forever
 
         await serve_forever(proxy, ready)

@@ -22,7 +22,7 @@ import shutil
 import subprocess
 from dataclasses import replace
 
-from asyncspec.cloudedge.link_profiles import LinkProfile
+from asyncspec.cloudedge.link.profiles import LinkProfile
 from asyncspec.errors import InputError
 
 LOOPBACK_MTU = 65536

@@ -13,8 +13,8 @@ import signal
 import subprocess
 import sys
 
-from asyncspec.cloudedge.link import DirectionStats, LinkStats
-from asyncspec.cloudedge.link_profiles import LinkProfile
+from asyncspec.cloudedge.link.profiles import LinkProfile
+from asyncspec.cloudedge.link.proxy import DirectionStats, LinkStats
 
 READY_PREFIX = "link ready on "
 CLOSED_PREFIX = "link closed: "

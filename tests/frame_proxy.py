@@ -1,7 +1,7 @@
 """A ZeroMQ frame-level proxy between one edge and the cloud for tests: it lets them observe,
 duplicate, delay, drop or inject whole frames (fault injection), with an optional one-way latency
 and per-direction rate. The edge connects to `front`; the proxy connects to the cloud. The
-byte-level link emulator the benchmarks use (profiles, --link-scale) is `cloudedge/link.py`.
+byte-level link emulator the benchmarks use (profiles, --link-scale) is `cloudedge/link/proxy.py`.
 """
 
 from __future__ import annotations

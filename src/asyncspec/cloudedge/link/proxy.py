@@ -24,7 +24,7 @@ import threading
 from collections import deque
 from dataclasses import dataclass, field
 
-from asyncspec.cloudedge.link_profiles import LinkProfile
+from asyncspec.cloudedge.link.profiles import LinkProfile
 
 _EOF = b""  # marker in a delay line: half-close the receiving side
 _CLOSE = None  # marker: the sending side is gone; close the receiving side
