@@ -16,9 +16,11 @@ test: setup lint qwen
 	$(VENV)/bin/asyncspec models prepare whisper-base whisper-tiny.en
 	$(PY) -m pytest -q -rs
 
+# Style, then types (mypy's settings: pyproject.toml).
 lint: setup
 	$(VENV)/bin/ruff check src tests
 	$(VENV)/bin/ruff format --check src tests
+	$(VENV)/bin/mypy
 
 setup: system-packages $(STAMP)
 

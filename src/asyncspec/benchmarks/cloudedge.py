@@ -21,6 +21,7 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import Any, cast
 
 from asyncspec.benchmarks import cloudedge_report as report
 from asyncspec.benchmarks.cloudedge_driver import (
@@ -78,7 +79,8 @@ def model_paths(config: BenchConfig, scratch: Path) -> tuple[str, str]:
     if config.models == "tiny":
         from asyncspec.benchmarks.tiny_pair import save_tiny_pair
 
-        return tuple(str(p) for p in save_tiny_pair(scratch))
+        target, drafter = save_tiny_pair(scratch)
+        return str(target), str(drafter)
     return QWEN_PAIR
 
 
@@ -121,7 +123,7 @@ def run(args) -> int:
     load = os.getloadavg()
     machine = f"{os.cpu_count()} cores, load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} at the end"
     print(f"machine: {machine}; models {target} <- {drafter} ({config.dtype}); {time.time() - started:.0f} s")
-    document = {
+    document: dict[str, Any] = {
         "config": asdict(config),
         "models": {
             "target": target if config.models != "tiny" else "tiny",
@@ -220,10 +222,11 @@ def check_exactness(config: BenchConfig, target: str, prompts: list[str], result
     import torch
 
     from asyncspec.decoding.target_only import decode_target_only
+    from asyncspec.models.hf_causal import CausalLMBackend
     from asyncspec.models.registry import load_decoder
 
     torch.set_num_threads(1)
-    model = load_decoder(target, config.dtype)
+    model = cast(CausalLMBackend, load_decoder(target, config.dtype))  # the pair's target is a causal LM
     size = check_size(config)
     requests = {p: model.request(p, max_new_tokens=size["max_new_tokens"]) for p in prompts[: size["requests"]]}
     expected = {p: decode_target_only(model, None, r).tokens for p, r in requests.items()}
@@ -261,7 +264,11 @@ def config_from_args(args) -> BenchConfig:
     scales = [float(s) for s in args.link_scales.split(",")] if args.link_scales else [1.0, DEFAULT_LINK_SCALE]
     if any(s <= 0 for s in scales):
         raise InputError("link scales must be positive")
-    pick = lambda name: getattr(args, name) if getattr(args, name) is not None else defaults[name]  # noqa: E731
+
+    def pick(name: str) -> Any:  # the option as given, else the model pair's default
+        value = getattr(args, name)
+        return defaults[name] if value is None else value
+
     config = BenchConfig(
         models=models,
         methods=parse_methods(args.methods),

@@ -19,6 +19,7 @@ import json
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -137,7 +138,7 @@ def decode_with(target, drafter, policy, prompts: list[str], max_new_tokens: int
     with _Thread(cloud, address), _Thread(gateway):
         for index, prompt in enumerate(prompts):
             done = threading.Event()
-            result = {}
+            result: dict[str, Any] = {}
 
             def emit(event, result=result, done=done):
                 if event["type"] in ("done", "error"):

@@ -8,6 +8,7 @@ import json
 import time
 from pathlib import Path
 from statistics import median
+from typing import cast
 
 from asyncspec.errors import InputError
 from asyncspec.exactness import EXIT_MISMATCH, ExactnessCheck
@@ -53,10 +54,11 @@ def _windows(n: int):
 
 
 def _measure(args, dtype: str, engine: str, windows) -> dict:
+    from asyncspec.models.hf_whisper import WhisperBackend
     from asyncspec.models.registry import load_decoder
     from asyncspec.models.selftest import invariance
 
-    target = load_decoder(args.model, dtype, engine=engine)
+    target = cast(WhisperBackend, load_decoder(args.model, dtype, engine=engine))  # --model: a speech model
     report = invariance(target, use_cache=False)
     print(f"{engine} {dtype}: {report.summary()}", flush=True)
     requests = [target.request(w) for w in windows]

@@ -48,10 +48,8 @@ def run(args) -> int:
     config = decode_config(options)
     speech = args.workload == "librivox"
     windows = file_windows([str(clip.path) for clip in librivox_clips()][: args.n]) if speech else []
-    with load_models(options, WhisperBackend if speech else CausalLMBackend, "speech" if speech else "text") as (
-        target,
-        drafters,
-    ):
+    kind: type[Any] = WhisperBackend if speech else CausalLMBackend
+    with load_models(options, kind, "speech" if speech else "text") as (target, drafters):
         if speech:
             jobs = window_jobs(target, windows)
         else:

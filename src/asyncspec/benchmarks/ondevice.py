@@ -241,7 +241,7 @@ def plot_timeline(records: list[dict], path: Path) -> None:
     calls = list(zip(record["call_intervals"], record["call_widths"], strict=True))
     wide = [(a, b - a) for (a, b), width in calls if width > 1]
     single = [(a, b - a) for (a, b), width in calls if width == 1]
-    edges = {"edgecolor": "white", "linewidth": 0.4}
+    edges: dict[str, Any] = {"edgecolor": "white", "linewidth": 0.4}
     axis.broken_barh(producer, (1.1, 0.8), color="#e07b39", label="producer: a chunk recognised + published", **edges)
     axis.broken_barh(wide, (0.1, 0.8), color="#1f5fa8", label="target: verify ready candidates (K > 1)", **edges)
     axis.broken_barh(single, (0.1, 0.8), color="#9cc3ea", label="target: one-token step (K = 1)", **edges)

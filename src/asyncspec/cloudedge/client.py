@@ -102,7 +102,7 @@ class EdgeClient:
     """`with EdgeClient("tcp://127.0.0.1:5556") as c: c.generate("def f(x):", max_new_tokens=32)`."""
 
     def __init__(self, address: str, timeout_s: float = 600.0, curve=None):
-        self.context = zmq.Context.instance()
+        self.context: zmq.Context = zmq.Context.instance()
         self.channel = Channel(make_socket(self.context, zmq.DEALER, address, False, curve=curve))
         self.timeout_s = timeout_s
         self.tags = itertools.count(1)

@@ -18,7 +18,7 @@ MAX_TOKENS_CAP = 4096  # beyond any served model's positions
 MAX_PROMPT_CHARS = 200_000  # tokenizing more would hold a worker thread for long
 
 # field -> the neutral values (besides null) a client may send without asking for anything
-UNSUPPORTED = {
+UNSUPPORTED: dict[str, tuple] = {
     "n": (1,),
     "best_of": (1,),
     "logprobs": (False, 0),

@@ -14,6 +14,8 @@ peer sees.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -169,7 +171,7 @@ def _simple_fields(m: wire.Message) -> str | None:
     return None
 
 
-_FIELD_CHECKS = {
+_FIELD_CHECKS: dict[type, Callable[[Any], str | None]] = {
     wire.Open: _open_fields,
     wire.Block: _block_fields,
     wire.Verdict: _verdict_fields,

@@ -80,9 +80,10 @@ def measure_profile(args, out: Path, target: WhisperBackend | None = None) -> tu
 
     widths, offsets = _sweep_shape(args)
     choice = ProducerChoice.parse(args.producer)
-    target = target or load_decoder(args.model, args.dtype)
-    if not isinstance(target, WhisperBackend):
+    loaded = target or load_decoder(args.model, args.dtype)
+    if not isinstance(loaded, WhisperBackend):
         raise InputError(f"{args.model} is not a speech model")
+    target = loaded
     audio = load_audio(calibration_audio(out / "calibration"))
     request = target.request(audio)
     print(f"profile: {target.name} {args.dtype}, calibration window {len(audio) / 16000:.1f} s")

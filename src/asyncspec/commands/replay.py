@@ -7,7 +7,7 @@ import json
 import os
 from pathlib import Path
 from statistics import mean
-from typing import Any
+from typing import Any, cast
 
 from asyncspec.commands.profile import measure_profile, print_profile, profile_settings
 from asyncspec.errors import InputError
@@ -49,13 +49,14 @@ def price_saved(trajectories: list[WindowTrajectory], profile: CostProfile) -> d
 
 def validate(args) -> int:
     from asyncspec.data.windows import directory_windows, librivox_windows
+    from asyncspec.models.hf_whisper import WhisperBackend
     from asyncspec.models.registry import load_decoder
     from asyncspec.profiling.collect import collect, producers
 
     out = Path(args.out)
     choice = ProducerChoice.parse(args.producer)
     windows = directory_windows(args.audio) if args.audio else librivox_windows()
-    target = load_decoder(args.model, args.dtype)
+    target = cast(WhisperBackend, load_decoder(args.model, args.dtype))  # measure_profile refuses another kind
     if args.profile:
         profile, calibration = CostProfile.load(args.profile), None
     else:  # measured just before, frozen before any validation timing is seen
@@ -89,7 +90,7 @@ def agreement(pairs: list[tuple[WindowTrajectory, CostProfile]], producer: str, 
     """Per window: native vs replayed TPS under the profile calibrated before it (As²d and
     target-only), and a self-check that replaying with the native run's own durations reproduces
     its time exactly."""
-    rows = []
+    rows: list[dict[str, Any]] = []
     for t, profile in pairs:
         key = f"as2d:{producer}"
         if key not in t.native:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import cast
 
 from asyncspec.commands.profile import measure_profile, plot_saving, profile_settings
 from asyncspec.decoding.as2d import DEFAULT_BUDGET
@@ -19,6 +20,7 @@ from asyncspec.profiling.trajectory import save_trajectories
 def run(args) -> int:
     from asyncspec.data.devset import synthesize_dev_set
     from asyncspec.data.windows import directory_windows
+    from asyncspec.models.hf_whisper import WhisperBackend
     from asyncspec.models.registry import load_decoder
     from asyncspec.profiling.collect import collect, producers
 
@@ -35,7 +37,7 @@ def run(args) -> int:
     else:
         synthesize_dev_set(out / "dev")
         windows = directory_windows(str(out / "dev"))
-    target = load_decoder(args.model, args.dtype)
+    target = cast(WhisperBackend, load_decoder(args.model, args.dtype))  # --model: a speech model
     with producers(choices, args.producer_model, args.dtype, target) as workers:
         collection = collect(target, workers, windows, DEFAULT_BUDGET, "select-budget (development split)")
     save_trajectories(out / "select_budget_trajectories.json", collection.trajectories)

@@ -16,7 +16,7 @@ def librivox_windows() -> list[tuple[str, str, np.ndarray]]:
     """(dataset, name, samples): the five clips joined into longer windows of 10-25 s, in several
     orders, so each window is real continuous speech of a length where drafting start-up matters less."""
     clips = [load_audio(clip.path) for clip in librivox_clips()]
-    groups = {
+    groups: dict[str, list[tuple[int, ...]]] = {
         "librivox-25s": [(0, 1, 2, 3, 4), (2, 3, 4, 0, 1), (4, 0, 1, 2, 3)],
         "librivox-15s": [(0, 1, 2), (2, 3, 4), (1, 3, 4), (0, 3, 4)],
         "librivox-10s": [(0, 1), (3, 4, 1), (2, 3)],

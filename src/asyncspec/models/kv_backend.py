@@ -11,6 +11,7 @@ Two engines run the same weights:
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -36,6 +37,22 @@ class KVBackend:
     dtype: torch.dtype
     engine: FixedShapeEngine | None = None  # None: the transformers engine
     invariance = None  # selftest.InvarianceReport once checked (models/selftest.py)
+
+    # The model family's parts (hf_causal.py, hf_whisper.py), declared here so the shared code is checked.
+    def _default_shape(self) -> CallShape:
+        raise NotImplementedError
+
+    def _block_forward(self) -> Any:  # the family's block forward for the fixed-shape engine
+        raise NotImplementedError
+
+    def _dynamic_cache(self) -> Any:  # a transformers cache of the family's kind
+        raise NotImplementedError
+
+    def _hidden(self, state: DecoderState, ids: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def _output_weight(self) -> torch.Tensor:
+        raise NotImplementedError
 
     def _init_engine(self, engine: str, shape: CallShape | None) -> None:
         if engine not in ENGINES:

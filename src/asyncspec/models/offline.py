@@ -210,7 +210,8 @@ def _convert_ct2_whisper(model: OfflineModel, joined: Path, out: Path) -> None:
     ct2_config = json.loads((out / "ct2_config.json").read_text())
     variables = read_ct2_variables(joined)
     config = WhisperConfig(**whisper_config_dict(variables, ct2_config))
-    whisper = WhisperForConditionalGeneration(config).to(torch.float16)
+    # transformers types .to() after nn.Module's device form only; a dtype is what it converts here
+    whisper = WhisperForConditionalGeneration(config).to(torch.float16)  # type: ignore[arg-type]
     state = {key: torch.from_numpy(array.astype("float16")) for key, array in ct2_to_hf_state_dict(variables).items()}
     missing, unexpected = whisper.load_state_dict(state, strict=False)
     if missing or unexpected:

@@ -196,8 +196,10 @@ class Engine:
         self, audio: np.ndarray | Upload, method: str | None, config: DecodeConfig | None, language="en"
     ) -> Job:
         """Decoded samples, or an Upload the worker decodes after admission."""
-        upload = audio if isinstance(audio, Upload) else None
-        samples = np.empty(0, dtype=np.float32) if upload is not None else audio
+        if isinstance(audio, Upload):
+            upload, samples = audio, np.empty(0, dtype=np.float32)
+        else:
+            upload, samples = None, audio
         job = Job(self.check_method(method), samples, config or self.default_config, language=language, upload=upload)
         return self._submit(job)
 
@@ -289,7 +291,8 @@ class Engine:
         target = PreparedTarget(self.target, prepared, job.cancelled)
         drafter = self.drafters.get(job.method)
         try:
-            return METHODS[job.method](target, drafter, prepared.request, job.config)
+            # METHODS types every drafter as a Decoder; As²d's is a producer (typed in the producer rework)
+            return METHODS[job.method](target, drafter, prepared.request, job.config)  # type: ignore[arg-type]
         finally:
             if isinstance(drafter, TrackedProducer):
                 drafter.abort()  # only does something when the decode was interrupted

@@ -14,7 +14,7 @@ import numpy as np
 from asyncspec.audio import SAMPLE_RATE
 from asyncspec.errors import InputError
 
-PCM_FORMATS = {"s16le": np.dtype("<i2"), "f32le": np.dtype("<f4")}
+PCM_FORMATS: dict[str, np.dtype] = {"s16le": np.dtype("<i2"), "f32le": np.dtype("<f4")}
 PACES = ("realtime", "fast")
 
 

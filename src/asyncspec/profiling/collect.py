@@ -13,6 +13,7 @@ from asyncspec.decoding.methods import METHODS
 from asyncspec.decoding.result import DecodeConfig, DecodeResult
 from asyncspec.exactness import ExactnessCheck
 from asyncspec.models.base import Decoder
+from asyncspec.models.hf_whisper import WhisperBackend
 from asyncspec.profiling.deployed import ProducerChoice
 from asyncspec.profiling.trajectory import WindowTrajectory, reference_trajectory
 from asyncspec.run.models import make_producer
@@ -41,7 +42,7 @@ def producers(choices: list[ProducerChoice], producer_model: str, dtype: str, ta
         yield opened
 
 
-def collect(target: Decoder, workers: dict, windows: list[Window], budget: int, label: str) -> Collection:
+def collect(target: WhisperBackend, workers: dict, windows: list[Window], budget: int, label: str) -> Collection:
     """Target-only then As²d with each producer, per window (interleaved: they share machine drift)."""
     collection = Collection(exactness=ExactnessCheck(target))
     for dataset, name, samples in progress(windows, len(windows), label):

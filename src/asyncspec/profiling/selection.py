@@ -67,12 +67,14 @@ def rank(catalog: Catalog) -> list[tuple[Entry, float]]:
     return sorted(pooled, key=lambda item: (-item[1], item[0].budget, item[0].producer))
 
 
+def _best_entry(catalog: Catalog, window: int) -> Entry:
+    """The entry fastest on one window (the smaller budget on a tie)."""
+    return min(catalog.seconds, key=lambda entry: (catalog.seconds[entry][window], entry.budget))
+
+
 def oracle(catalog: Catalog) -> tuple[float, list[Entry]]:
     """Pooled TPS when every window gets its own hindsight-best entry, and those entries."""
-    best = [
-        min(catalog.seconds, key=lambda entry, i=i: (catalog.seconds[entry][i], entry.budget))
-        for i in range(len(catalog.trajectories))
-    ]
+    best = [_best_entry(catalog, i) for i in range(len(catalog.trajectories))]
     seconds = [catalog.seconds[entry][i] for i, entry in enumerate(best)]
     return catalog.pooled_tps(seconds), best
 

@@ -5,16 +5,20 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 from asyncspec.errors import InputError, ModelNotPreparedError
 from asyncspec.models.base import Decoder
 from asyncspec.run.compare import needs_drafter
 from asyncspec.run.options import DecodingOptions
 
+AnyDecoder = TypeVar("AnyDecoder", bound=Decoder)  # the kind of target a command asked for
+
 
 @contextmanager
-def load_models(options: DecodingOptions, kind: type, what: str) -> Iterator[tuple[Decoder, dict[str, Any]]]:
+def load_models(
+    options: DecodingOptions, kind: type[AnyDecoder], what: str
+) -> Iterator[tuple[AnyDecoder, dict[str, Any]]]:
     """The target and, per method, its drafter: a prefix-conditioned model for sd/specasr, a
     producer process for as2d (closed on exit)."""
     from asyncspec.models.registry import load_decoder

@@ -65,8 +65,9 @@ class LinkProcess:
 
     def __enter__(self) -> LinkProcess:
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
-        pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True}
-        self.process = subprocess.Popen(self.command(), env=env, **pipes)
+        self.process = subprocess.Popen(
+            self.command(), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
         ready = self.process.stdout.readline()
         if not ready.startswith(READY_PREFIX):
             self.process.kill()

@@ -80,7 +80,7 @@ class DelayLine:
             self._over_high_water = True
             self.update_source()
 
-    def _enqueue(self, deliver_at: float, item: bytes | None) -> None:
+    def _enqueue(self, deliver_at: float, item: bytes | memoryview | None) -> None:
         self.queue.append((deliver_at, item))
         if self._timer is None:
             self._timer = self.loop.call_at(deliver_at, self._deliver_due)
@@ -108,7 +108,7 @@ class DelayLine:
         else:
             source.resume_reading()
 
-    def _write(self, item: bytes | None) -> None:
+    def _write(self, item: bytes | memoryview | None) -> None:
         sink = self.sink
         transport = sink.transport if sink is not None else None
         writable = transport is not None and not transport.is_closing()
