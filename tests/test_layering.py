@@ -126,3 +126,11 @@ def test_the_services_never_import_the_link_emulator():
     services = [path for path in (PACKAGE / "cloudedge").glob("*.py")]
     offenders = [relative(path) for path in services if imports_package(path, "asyncspec.cloudedge.link")]
     assert offenders == []
+
+
+def test_the_readme_layout_lists_every_package():
+    readme = (PACKAGE.parents[1] / "README.md").read_text()
+    layout = readme[readme.index("## Layout") :]
+    packages = sorted(path.parent.relative_to(PACKAGE).as_posix() for path in PACKAGE.rglob("__init__.py"))
+    missing = [name for name in packages if name != "." and f"`{name}/`" not in layout]
+    assert missing == []

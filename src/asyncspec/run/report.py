@@ -31,12 +31,20 @@ def result_record(result: DecodeResult, target: Decoder, **context: Any) -> dict
 def emit(record: dict[str, Any]) -> None:
     """A record as it finishes: what was said, and how fast."""
     where = f"{Path(record['file']).name} [{record['window']}] " if "file" in record else ""
-    print(f"{where}{record['method']}: {record['text']}")
-    print(
+    say(f"{where}{record['method']}: {record['text']}")
+    say(
         f"  {record['n_tokens']} tokens, decode {record['decode_s']:.2f} s after prefill "
-        f"{record['prefill_s']:.2f} s, {record['tps']:.1f} tok/s, {record['target_calls']} target calls",
-        flush=True,
+        f"{record['prefill_s']:.2f} s, {record['tps']:.1f} tok/s, {record['target_calls']} target calls"
     )
+
+
+def say(line: str) -> None:
+    """A line on stdout that never lands on the line of a progress bar (which is on stderr): the bar
+    steps aside, the line is printed, the bar is drawn again below it."""
+    from tqdm import tqdm
+
+    tqdm.write(line, file=sys.stdout)
+    sys.stdout.flush()
 
 
 def write_json(path: str | Path, payload: dict[str, Any]) -> None:
@@ -47,9 +55,10 @@ def write_json(path: str | Path, payload: dict[str, Any]) -> None:
 
 
 def progress(iterable, total: int, label: str):
-    """A progress bar on stderr when there is more than one item."""
+    """A progress bar on stderr when there is more than one item. The finished bar stays, ending
+    its line, so whatever is printed next (a summary table) starts on a line of its own."""
     if total <= 1:
         return iterable
     from tqdm import tqdm
 
-    return tqdm(iterable, total=total, desc=label, unit="window", file=sys.stderr, leave=False)
+    return tqdm(iterable, total=total, desc=label, unit="window", file=sys.stderr)
