@@ -134,3 +134,14 @@ def test_the_readme_layout_lists_every_package():
     packages = sorted(path.parent.relative_to(PACKAGE).as_posix() for path in PACKAGE.rglob("__init__.py"))
     missing = [name for name in packages if name != "." and f"`{name}/`" not in layout]
     assert missing == []
+
+
+def test_building_the_command_line_imports_no_torch():
+    """Every call builds the whole parser; `link` and `keys` must not pay torch's import for it."""
+    import subprocess
+    import sys
+
+    probe = "import sys; from asyncspec.cli import build_parser; build_parser(); print('torch' in sys.modules)"
+    env = {"PYTHONPATH": str(PACKAGE.parent)}
+    output = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, check=True)
+    assert output.stdout.strip() == "False"

@@ -17,9 +17,9 @@ EXIT_BAD_INPUT = 2
 
 @dataclass(frozen=True)
 class Command:
-    """A subcommand: `arguments` fills its parser on every call (so it stays free of torch), and
-    `handler` ("module:function" under asyncspec) is imported only when the command runs. Without a handler the
-    arguments add subcommands that name their own (`serve cloud|edge`)."""
+    """A subcommand. `arguments` fills its parser on every call, so it imports no torch (`link` and
+    `keys` start in a moment); `handler` ("module:function" under asyncspec) is imported only when the
+    command runs. Without a handler, the arguments add subcommands that name their own (`serve cloud`)."""
 
     name: str
     help: str

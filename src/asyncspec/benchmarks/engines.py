@@ -11,7 +11,6 @@ from statistics import median
 from typing import cast
 
 from asyncspec.errors import InputError
-from asyncspec.exactness import EXIT_MISMATCH, ExactnessCheck
 
 HELP = "fixed-shape engine vs transformers forward: self-test, V(K), target-only and As²d throughput"
 ENGINES = ("transformers", "fixed-shape")
@@ -44,6 +43,8 @@ def run(args) -> int:
     _print(results)
     _plot(results, out / "engines.png")
     print(f"wrote {out / 'engines.json'}, {out / 'engines.png'}")
+    from asyncspec.exactness import EXIT_MISMATCH
+
     return 0 if exact else EXIT_MISMATCH
 
 
@@ -70,6 +71,8 @@ def _measure(args, dtype: str, engine: str, windows) -> dict:
         result["as2d"] = {"refused": report.first_difference}
         return result
     as2d = _as2d(target, requests)
+    from asyncspec.exactness import ExactnessCheck
+
     check = ExactnessCheck(target)
     for request, expected, got in zip(requests, reference["runs"], as2d["runs"], strict=True):
         check.check(
