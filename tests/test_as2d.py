@@ -125,11 +125,12 @@ def test_realign_rules():
     assert realign(stream, 9, 12, previous=11) == 9  # beyond what is published: unchanged
 
 
-def test_buffer_orders_batches_drops_stale_ones_and_reads_fast():
+def test_buffer_orders_batches_refuses_other_requests_and_reads_fast():
     buffer = CandidateBuffer(2)
-    buffer.publish(PublishedBatch(1, "s", 0, (5, 6), None, 0.0, 0.0))  # an earlier request's leftovers
+    with pytest.raises(ValueError, match="routed"):  # the demux routes per request: a stray batch is a bug
+        buffer.publish(PublishedBatch(1, "s", 0, (5, 6), None, 0.0, 0.0))
     buffer.publish(PublishedBatch(2, "s", 0, (7, 8, 9), (0.9, 0.3, 0.8), 0.0, 0.1))
-    assert buffer.tokens == [7, 8, 9] and buffer.stale_dropped == 1
+    assert buffer.tokens == [7, 8, 9]
     assert buffer.ready(0, 8, min_confidence=0.4) == [7, 8]  # ASP: the low-confidence token ends the read
     with pytest.raises(ValueError, match="offset"):
         buffer.publish(PublishedBatch(2, "s", 7, (1,), None, 0.0, 0.2))
