@@ -107,7 +107,7 @@ def test_shifted_stream_is_realigned_and_mostly_used(monkeypatch):
     def coverage() -> float:
         result = METHODS["as2d"](target, ScriptedProducer(shifted, batch=40), request, DecodeConfig(budget=8))
         assert result.tokens == truth
-        return result.stats.extra["coverage"]
+        return result.stats.as2d.coverage
 
     aligned = coverage()
     monkeypatch.setattr(as2d, "realign", lambda stream, expected, root, previous: expected)
@@ -181,9 +181,9 @@ def test_real_producer_is_decoupled_and_output_is_exact(whisper_base_bf16, kind,
             truth = _reference(whisper_base_bf16, request).tokens
             result = METHODS["as2d"](whisper_base_bf16, producer, request, DecodeConfig())
             assert result.tokens == truth, clip.path.name
-            assert result.stats.extra["producer_messages_before_end"] == 0  # nothing from the target side
-            assert result.stats.extra["published"] > 0
-            accounting = result.stats.extra["accounting"]
+            assert result.stats.as2d.producer_messages_before_end == 0  # nothing from the target side
+            assert result.stats.as2d.published > 0
+            accounting = result.stats.as2d.accounting
             assert accounting["total_s"] == pytest.approx(
                 accounting["producer_s"]
                 + accounting["verifier_s"]
@@ -227,4 +227,4 @@ def test_the_producer_starts_when_the_request_arrives_before_the_target_prefills
     result = METHODS["as2d"](RecordingTarget(), RecordingProducer(truth), request, DecodeConfig())
     assert events == ["producer start", "target prefill"]
     assert result.tokens == truth
-    assert result.stats.extra["producer_messages_before_end"] == 0
+    assert result.stats.as2d.producer_messages_before_end == 0

@@ -63,7 +63,7 @@ def test_a_ten_sample_chunk_is_decoded_exactly_without_a_producer_failure(target
     """The producer pads chunks shorter than Whisper's STFT (a file's last chunk can be a few samples)."""
     result, truth = decode_both(target, producer, (0.3 * np.sin(np.arange(10))).astype(np.float32))
     assert result.tokens == truth
-    assert result.stats.extra["producer_failure"] is None
+    assert result.stats.as2d.producer_failure is None
     assert producer.process.is_alive()
 
 
@@ -112,10 +112,10 @@ def test_a_worker_killed_mid_request_falls_back_to_target_only_and_is_restarted(
     failures, restarts = producer.failures, producer.restarts
     result, truth = decode_both(target, KilledAfterStart(producer), synthetic_speech(2.0, seed=1))
     assert result.tokens == truth
-    assert "died" in result.stats.extra["producer_failure"]
+    assert "died" in result.stats.as2d.producer_failure
     assert producer.failures == failures + 1
     result, truth = decode_both(target, producer, synthetic_speech(2.0, seed=2))
-    assert result.tokens == truth and result.stats.extra["producer_failure"] is None
+    assert result.tokens == truth and result.stats.as2d.producer_failure is None
     assert producer.restarts == restarts + 1 and producer.process.is_alive()
 
 
@@ -191,6 +191,6 @@ def test_arrived_requests_are_drafted_ahead_and_decoded_exactly(target, producer
         truth = METHODS["target"](target, None, request, DecodeConfig()).tokens
         result = METHODS["as2d"](target, producer, request, DecodeConfig())
         assert result.tokens == truth
-        assert result.stats.extra["producer_failure"] is None
-        assert result.stats.extra["producer_messages_before_end"] == 0
+        assert result.stats.as2d.producer_failure is None
+        assert result.stats.as2d.producer_messages_before_end == 0
     assert producer._arrived == {}

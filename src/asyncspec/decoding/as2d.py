@@ -10,6 +10,7 @@ target never waits for the producer. The round (`as2d_rounds`) is the one trace 
 from __future__ import annotations
 
 from contextlib import AbstractContextManager, contextmanager
+from dataclasses import asdict, dataclass
 from typing import Protocol
 
 import numpy as np
@@ -133,7 +134,7 @@ def decode_as2d(
     as2d_rounds(rounds, buffer, target.greedy(state.next_logits)[0], rounds.committed)
     stats.decode_s = trace.now() - stats.prefill_s
     drafter.finish(buffer)
-    stats.extra = _as2d_figures(trace, buffer, stats, len(rounds.committed))
+    stats.as2d = _as2d_figures(trace, buffer, stats, len(rounds.committed))
     _record_publications(trace, buffer)
     return DecodeResult(METHOD, rounds.committed, stats, trace)
 
@@ -157,26 +158,45 @@ def _record_publications(trace: Trace, buffer: CandidateBuffer) -> None:
         )
 
 
-def _as2d_figures(trace: Trace, buffer: CandidateBuffer, stats: DecodeStats, n_tokens: int) -> dict:
+@dataclass(frozen=True)
+class As2dFigures:
+    """What one As²d decode measured beyond the common stats (its `DecodeStats.as2d`)."""
+
+    accounting: dict  # the D/V/O/H stage accounting (ondevice/accounting.py)
+    published: int  # tokens the producer published for the request
+    producer_failure: str | None  # the producer errored or died: the rest was decoded target-only
+    used: int  # candidates the target verified
+    coverage: float  # accepted candidates per committed token
+    k1_share: float  # share of one-token calls
+    first_publication_s: float | None  # after decoding began (negative: during the target's prefill)
+    published_before_decoding: int  # batches published before the target's first round
+    producer_messages_before_end: int  # commands about the request the producer read before the end (0)
+    producer_intervals: list  # (began, published) per batch, seconds after decoding began
+    call_intervals: list  # (start, end) per target call, same clock
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def _as2d_figures(trace: Trace, buffer: CandidateBuffer, stats: DecodeStats, n_tokens: int) -> As2dFigures:
     start, end = stats.prefill_s, stats.prefill_s + stats.decode_s
     producer = [(b.started - trace.origin, b.published - trace.origin) for b in buffer.batches]
     verifier = [(e.start, e.end) for e in trace.events if e.stage in ("align", "verify")]
     first_publication = min((b.published - trace.origin for b in buffer.batches), default=None)
-    return {
-        "accounting": account(producer, verifier, start, end).as_dict(),
-        "published": len(buffer.tokens),
-        "producer_failure": buffer.failure,  # the producer errored or died: the rest was decoded target-only
-        "used": stats.drafted,
-        "coverage": stats.accepted / n_tokens if n_tokens else 0.0,
-        "k1_share": stats.call_widths.count(1) / len(stats.call_widths) if stats.call_widths else 0.0,
-        # seconds after decoding began (negative: published during the target's prefill)
-        "first_publication_s": None if first_publication is None else round(first_publication - start, 4),
-        "published_before_decoding": sum(1 for b in buffer.batches if b.published - trace.origin < start),
-        "producer_messages_before_end": sum(
+    return As2dFigures(
+        accounting=account(producer, verifier, start, end).as_dict(),
+        published=len(buffer.tokens),
+        producer_failure=buffer.failure,
+        used=stats.drafted,
+        coverage=stats.accepted / n_tokens if n_tokens else 0.0,
+        k1_share=stats.call_widths.count(1) / len(stats.call_widths) if stats.call_widths else 0.0,
+        first_publication_s=None if first_publication is None else round(first_publication - start, 4),
+        published_before_decoding=sum(1 for b in buffer.batches if b.published - trace.origin < start),
+        producer_messages_before_end=sum(
             1 for kind, t in buffer.producer_log if kind != "start" and t - trace.origin < end
         ),
-        "producer_intervals": [(round(a - start, 4), round(b - start, 4)) for a, b in producer],
-        "call_intervals": [
+        producer_intervals=[(round(a - start, 4), round(b - start, 4)) for a, b in producer],
+        call_intervals=[
             (round(e.start - start, 4), round(e.end - start, 4)) for e in trace.events if e.stage == "verify"
         ],
-    }
+    )
