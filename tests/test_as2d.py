@@ -107,7 +107,7 @@ def test_shifted_stream_is_realigned_and_mostly_used(monkeypatch):
     def coverage() -> float:
         result = METHODS["as2d"](target, ScriptedProducer(shifted, batch=40), request, DecodeConfig(budget=8))
         assert result.tokens == truth
-        return result.stats.extra["coverage"]
+        return result.stats.as2d.coverage
 
     aligned = coverage()
     monkeypatch.setattr(as2d, "realign", lambda stream, expected, root, previous: expected)
@@ -125,11 +125,12 @@ def test_realign_rules():
     assert realign(stream, 9, 12, previous=11) == 9  # beyond what is published: unchanged
 
 
-def test_buffer_orders_batches_drops_stale_ones_and_reads_fast():
+def test_buffer_orders_batches_refuses_other_requests_and_reads_fast():
     buffer = CandidateBuffer(2)
-    buffer.publish(PublishedBatch(1, "s", 0, (5, 6), None, 0.0, 0.0))  # an earlier request's leftovers
+    with pytest.raises(ValueError, match="routed"):  # the demux routes per request: a stray batch is a bug
+        buffer.publish(PublishedBatch(1, "s", 0, (5, 6), None, 0.0, 0.0))
     buffer.publish(PublishedBatch(2, "s", 0, (7, 8, 9), (0.9, 0.3, 0.8), 0.0, 0.1))
-    assert buffer.tokens == [7, 8, 9] and buffer.stale_dropped == 1
+    assert buffer.tokens == [7, 8, 9]
     assert buffer.ready(0, 8, min_confidence=0.4) == [7, 8]  # ASP: the low-confidence token ends the read
     with pytest.raises(ValueError, match="offset"):
         buffer.publish(PublishedBatch(2, "s", 7, (1,), None, 0.0, 0.2))
@@ -180,9 +181,9 @@ def test_real_producer_is_decoupled_and_output_is_exact(whisper_base_bf16, kind,
             truth = _reference(whisper_base_bf16, request).tokens
             result = METHODS["as2d"](whisper_base_bf16, producer, request, DecodeConfig())
             assert result.tokens == truth, clip.path.name
-            assert result.stats.extra["producer_messages_before_end"] == 0  # nothing from the target side
-            assert result.stats.extra["published"] > 0
-            accounting = result.stats.extra["accounting"]
+            assert result.stats.as2d.producer_messages_before_end == 0  # nothing from the target side
+            assert result.stats.as2d.published > 0
+            accounting = result.stats.as2d.accounting
             assert accounting["total_s"] == pytest.approx(
                 accounting["producer_s"]
                 + accounting["verifier_s"]
@@ -226,4 +227,4 @@ def test_the_producer_starts_when_the_request_arrives_before_the_target_prefills
     result = METHODS["as2d"](RecordingTarget(), RecordingProducer(truth), request, DecodeConfig())
     assert events == ["producer start", "target prefill"]
     assert result.tokens == truth
-    assert result.stats.extra["producer_messages_before_end"] == 0
+    assert result.stats.as2d.producer_messages_before_end == 0

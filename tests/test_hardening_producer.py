@@ -4,6 +4,8 @@ request; a 10-sample input no longer kills the producer (issue 15's second must-
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 import soundfile
@@ -13,6 +15,7 @@ from asyncspec.decoding.methods import METHODS
 from asyncspec.decoding.result import DecodeConfig
 from asyncspec.models.offline import ct2_model_dir
 from asyncspec.ondevice.buffer import CandidateBuffer, PublishedBatch
+from asyncspec.ondevice.messages import Close, Ready, Start, Stop
 from asyncspec.ondevice.producer import ProducerProcess, ProducerSpec
 from conftest import synthetic_speech, tiny_whisper
 
@@ -60,7 +63,7 @@ def test_a_ten_sample_chunk_is_decoded_exactly_without_a_producer_failure(target
     """The producer pads chunks shorter than Whisper's STFT (a file's last chunk can be a few samples)."""
     result, truth = decode_both(target, producer, (0.3 * np.sin(np.arange(10))).astype(np.float32))
     assert result.tokens == truth
-    assert result.stats.extra["producer_failure"] is None
+    assert result.stats.as2d.producer_failure is None
     assert producer.process.is_alive()
 
 
@@ -91,15 +94,15 @@ def test_a_source_error_fails_only_that_request_and_the_worker_serves_on(monkeyp
         target=producer_module.worker_main, args=(ProducerSpec(kind="failing"), command_out, batch_in)
     )
     worker.start()
-    assert batch_out.recv()[0] == "ready"
+    assert isinstance(batch_out.recv(), Ready)
     buffers = []
     for request_id in (1, 2):
         buffer = CandidateBuffer(request_id, batch_out)
-        command_in.send(("start", request_id, np.zeros(10, np.float32)))
+        command_in.send(Start(request_id, np.zeros(10, np.float32)))
         while not buffer.finished:
             buffer.accept(batch_out.recv())
         buffers.append(buffer)
-    command_in.send(("close",))
+    command_in.send(Close())
     worker.join(10)
     assert "broke on request 1" in buffers[0].failure and buffers[0].tokens == []
     assert buffers[1].failure is None and buffers[1].tokens == [7]
@@ -109,10 +112,10 @@ def test_a_worker_killed_mid_request_falls_back_to_target_only_and_is_restarted(
     failures, restarts = producer.failures, producer.restarts
     result, truth = decode_both(target, KilledAfterStart(producer), synthetic_speech(2.0, seed=1))
     assert result.tokens == truth
-    assert "died" in result.stats.extra["producer_failure"]
+    assert "died" in result.stats.as2d.producer_failure
     assert producer.failures == failures + 1
     result, truth = decode_both(target, producer, synthetic_speech(2.0, seed=2))
-    assert result.tokens == truth and result.stats.extra["producer_failure"] is None
+    assert result.tokens == truth and result.stats.as2d.producer_failure is None
     assert producer.restarts == restarts + 1 and producer.process.is_alive()
 
 
@@ -127,3 +130,67 @@ def test_transcribe_a_ten_sample_file_with_as2d_is_a_clear_input_error(tmp_path)
     _, err = process.communicate(timeout=240)
     assert process.returncode == 2 and "Traceback" not in err
     assert "asyncspec: error:" in err and "too short to transcribe" in err
+
+
+class PublishingOnce:
+    """A source that publishes its request's id as one token, after a short pause."""
+
+    def __init__(self, spec):
+        self.spec = spec
+
+    def run(self, request_id, audio, publish, should_stop):
+        time.sleep(0.05)
+        if not should_stop():
+            publish(PublishedBatch(request_id, "test", 0, (request_id,), None, 0.0, 0.0))
+
+
+def _worker_thread(monkeypatch, source):
+    import multiprocessing
+    import threading
+
+    from asyncspec.ondevice import producer as producer_module
+
+    monkeypatch.setitem(producer_module.SOURCES, "scripted", source)
+    command_out, command_in = multiprocessing.Pipe(duplex=False)
+    batch_out, batch_in = multiprocessing.Pipe(duplex=False)
+    worker = threading.Thread(
+        target=producer_module.worker_main, args=(ProducerSpec(kind="scripted"), command_out, batch_in)
+    )
+    worker.start()
+    assert isinstance(batch_out.recv(), Ready)
+    return worker, command_in, batch_out
+
+
+def test_the_worker_runs_ahead_through_arrived_requests_and_skips_a_stopped_one(monkeypatch):
+    """Starts queue in arrival order and are drafted back to back; a request stopped before its turn
+    is reported done unread; the demux hands each request only its own messages."""
+    from asyncspec.ondevice.producer import _Demux
+
+    worker, commands, batches = _worker_thread(monkeypatch, PublishingOnce)
+    demux = _Demux(batches)
+    buffers = {i: CandidateBuffer(i, demux.channel(i)) for i in (1, 2, 3)}
+    for i in (1, 2, 3):
+        commands.send(Start(i, np.zeros(10, np.float32)))
+    commands.send(Stop(2))  # 2 ends before its drafting begins
+    deadline = time.monotonic() + 10
+    while not all(b.finished for b in buffers.values()) and time.monotonic() < deadline:
+        for buffer in reversed(buffers.values()):  # drained in any order: routing keeps them apart
+            buffer.refresh()
+    commands.send(Close())
+    worker.join(10)
+    assert [b.tokens for b in buffers.values()] == [[1], [], [3]]
+    assert buffers[2].producer_log == [] and all(b.failure is None for b in buffers.values())
+
+
+def test_arrived_requests_are_drafted_ahead_and_decoded_exactly(target, producer):
+    """`arrive` queues later requests' drafting; each decode then takes its already filling buffer."""
+    audios = [synthetic_speech(1.5, seed=s) for s in (3, 4, 5)]
+    requests = [target.request(audio, max_new_tokens=12) for audio in audios]
+    producer.arrive([r.audio for r in requests])
+    for request in requests:
+        truth = METHODS["target"](target, None, request, DecodeConfig()).tokens
+        result = METHODS["as2d"](target, producer, request, DecodeConfig())
+        assert result.tokens == truth
+        assert result.stats.as2d.producer_failure is None
+        assert result.stats.as2d.producer_messages_before_end == 0
+    assert producer._arrived == {}

@@ -153,7 +153,7 @@ def test_replay_with_native_durations_reproduces_the_native_run(budget):
     replayed = replay_as2d(t, "delayed", budget, NativePricer(t.native["as2d:delayed"]))
     assert replayed.widths == native.stats.call_widths
     assert replayed.time_s == pytest.approx(native.stats.decode_s, abs=1e-9)
-    for key, value in native.stats.extra["accounting"].items():
+    for key, value in native.stats.as2d.accounting.items():
         assert getattr(replayed.accounting, key) == pytest.approx(value, abs=2e-6), key
     own_target = replay_target_only(t, NativePricer(t.native["target"]))
     assert own_target.time_s == pytest.approx(reference.stats.decode_s, abs=1e-9)

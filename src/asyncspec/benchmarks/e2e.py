@@ -5,6 +5,7 @@ transcripts where they exist; every As²d output is checked against target-only'
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import sys
@@ -57,6 +58,12 @@ def add_arguments(parser) -> None:
         default="interleaved",
         choices=["interleaved", "streams"],
         help="interleaved: file by file, systems in rotating order (fair under load); streams: system by system",
+    )
+    parser.add_argument(
+        "--runahead",
+        default=True,
+        action=argparse.BooleanOptionalAction,
+        help="streams: queue the next file's windows on As²d's producer while this one decodes",
     )
     parser.add_argument("--model", default="whisper-base", help="the Whisper weights every system runs")
     parser.add_argument("--dtype", default="bf16", choices=["bf16", "fp32"], help="asyncspec target dtype")
@@ -189,7 +196,7 @@ def _asyncspec_systems(args, names: list[str]) -> dict:
         started = time.perf_counter()
         producer = make_producer(as2d.producer, as2d.chunk_s, args.producer_model, args.dtype, target)
         load_s = target_load_s + time.perf_counter() - started
-        systems["as2d"] = AsyncspecSystem("as2d", target, producer, config, load_s)
+        systems["as2d"] = AsyncspecSystem("as2d", target, producer, config, load_s, runahead=args.runahead)
     return systems
 
 

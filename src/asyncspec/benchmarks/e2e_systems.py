@@ -63,22 +63,42 @@ class AsyncspecSystem(StreamingSystem):
     """One decoding method over `asyncspec transcribe`'s path: read the file, split it into 30 s
     windows, one request per window (encoder, prefill, decode), the tokens as text."""
 
-    def __init__(self, method: str, target, drafter, config, load_s: float):
+    def __init__(self, method: str, target, drafter, config, load_s: float, runahead: bool = True):
         self.method, self.target, self.drafter, self.config, self.load_s = method, target, drafter, config, load_s
+        self.runahead = runahead and drafter is not None
 
     def settings(self) -> dict:
         producer = self.drafter.spec if self.drafter is not None else None
         budget = self.config.budget or self.config.as2d_budget  # None: As²d's default
         as2d = {"producer": producer.kind, "chunk_s": producer.chunk_s, "budget": budget} if producer else {}
+        as2d |= {"producer_runahead": self.runahead} if producer else {}
         return {"method": self.method, "dtype": str(self.target.dtype).removeprefix("torch.")} | as2d
 
     def transcribe(self, path: Path) -> Transcript:
-        from asyncspec.decoding.methods import METHODS
+        return self._decode(self._requests(path))
+
+    def transcribe_files(self, paths: list[Path]) -> Iterator[Transcript]:
+        """As a stream, As²d's requests arrive one file ahead: the next file is read while this one
+        is decoded and its windows are queued on the producer, which drafts on into them as soon as
+        it is done with this file's audio (it reads only audio, so no output changes)."""
+        upcoming = self._requests(paths[0]) if paths else []
+        for index in range(len(paths)):
+            requests = upcoming
+            upcoming = self._requests(paths[index + 1]) if index + 1 < len(paths) else []
+            if self.runahead:
+                self.drafter.arrive([request.audio for request in requests + upcoming])
+            yield self._decode(requests)
+
+    def _requests(self, path: Path) -> list:
         from asyncspec.run.windows import file_windows
 
+        return [self.target.request(window.samples) for _, window in file_windows([str(path)])]
+
+    def _decode(self, requests: list) -> Transcript:
+        from asyncspec.decoding.methods import METHODS
+
         transcript = Transcript("")
-        for _, window in file_windows([str(path)]):
-            request = self.target.request(window.samples)
+        for request in requests:
             result = METHODS[self.method](self.target, self.drafter, request, self.config)
             transcript.windows.append((request, result.tokens))
             transcript.prefill_s += result.stats.prefill_s

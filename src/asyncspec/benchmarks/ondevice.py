@@ -60,7 +60,7 @@ def _mean_sd(runs: list) -> Any:
     shown = runs[SD_BUDGETS.index(7)]
     if shown.tokens:
         shown.stats.decode_s = len(shown.tokens) / mean(run.tps for run in runs)
-    shown.stats.extra = {"sd_budget_tps": {b: round(r.tps, 2) for b, r in zip(SD_BUDGETS, runs, strict=True)}}
+    shown.stats.notes = {"sd_budget_tps": {b: round(r.tps, 2) for b, r in zip(SD_BUDGETS, runs, strict=True)}}
     return shown
 
 

@@ -4,11 +4,13 @@ A producer drafts from the audio and its own history only, concurrently, and pub
 into the candidate buffer. At each boundary the target takes up to `budget` ready candidates at
 the cursor, verifies them with its known root in one call, commits the matching prefix and its
 own next token, and realigns the cursor. With nothing ready it takes a one-token step: the
-target never waits for the producer.
+target never waits for the producer. The round (`as2d_rounds`) is the one trace replay runs too.
 """
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager, contextmanager
+from dataclasses import asdict, dataclass
 from typing import Protocol
 
 import numpy as np
@@ -22,7 +24,7 @@ from asyncspec.ondevice.accounting import account
 from asyncspec.ondevice.align import realign
 from asyncspec.ondevice.buffer import CandidateBuffer
 from asyncspec.trace import StageEvent, Trace
-from asyncspec.verify import greedy_verify
+from asyncspec.verify import Verdict, greedy_verify
 
 METHOD = "as2d"
 DEFAULT_BUDGET = 6  # measured here: K <= 7 beat K <= 13 (a width-8 call costs ~1.8x width 1 on this CPU)
@@ -35,6 +37,80 @@ class Producer(Protocol):
     def finish(self, buffer: CandidateBuffer) -> None: ...
 
 
+class RoundDriver(Protocol):
+    """What differs between a native As²d decode and its trace replay (profiling/replay.py): where
+    time comes from and who decides the target's tokens. The round itself is `as2d_rounds`."""
+
+    def commit(self, token: int) -> bool: ...  # append a target-approved token; False: decoding ends
+
+    def room(self) -> int: ...  # candidates this round may verify
+
+    def aligning(self) -> AbstractContextManager: ...  # the align stage; drains the buffer on entry
+
+    def verify(self, root: int, candidates: list[int]) -> Verdict: ...
+
+    def round_done(self, last: bool) -> None: ...  # after a round's commits (last: decoding ends)
+
+
+def as2d_rounds(driver: RoundDriver, buffer: CandidateBuffer, root: int, committed: list[int]) -> None:
+    """The As²d loop: at each boundary realign the cursor to the committed prefix, verify up to
+    `room` ready candidates after it together with the known root in one call, commit the matching
+    prefix and the target's own next token. With nothing ready the call is a one-token step."""
+    cursor, rounds = 0, 0
+    while driver.commit(root):
+        if rounds:
+            driver.round_done(last=False)
+        with driver.aligning():
+            cursor = realign(buffer.tokens, cursor, root, committed[-2] if len(committed) > 1 else None)
+            candidates = buffer.ready(cursor + 1, driver.room(), CONFIDENCE_THRESHOLD)
+        verdict = driver.verify(root, candidates)
+        cursor += verdict.accepted + 1
+        rounds += 1
+        if not all(driver.commit(token) for token in candidates[: verdict.accepted]):
+            break
+        root = verdict.next_token
+    if rounds:
+        driver.round_done(last=True)
+
+
+class _NativeRounds:
+    """Rounds on the real target: its calls decide, the trace records the time."""
+
+    def __init__(self, target: Decoder, state, buffer: CandidateBuffer, budget: int, limit: int, trace: Trace):
+        self.target, self.state, self.buffer, self.budget, self.limit = target, state, buffer, budget, limit
+        self.trace, self.stats, self.committed = trace, DecodeStats(), []
+
+    def commit(self, token: int) -> bool:
+        return commit_token(token, self.committed, self.target.eos_ids, self.limit, self.stats)
+
+    def room(self) -> int:
+        return min(self.budget, self.limit - len(self.committed), self.target.max_length - self.state.length - 1)
+
+    @contextmanager
+    def aligning(self):
+        with self.trace.stage("align"):
+            self.buffer.refresh()
+            yield
+
+    def verify(self, root: int, candidates: list[int]) -> Verdict:
+        target = self.target
+        verdict = verify_candidates(
+            target,
+            self.state,
+            root,
+            candidates,
+            self.trace,
+            self.stats,
+            lambda logits: greedy_verify(target.greedy(logits), candidates),
+        )
+        if candidates:
+            self.stats.observe_round(len(candidates), verdict.accepted)
+        return verdict
+
+    def round_done(self, last: bool) -> None:
+        pass  # the trace has the time
+
+
 def decode_as2d(
     target: Decoder, drafter: Producer | None, request: DecodeRequest, config: DecodeConfig
 ) -> DecodeResult:
@@ -43,43 +119,24 @@ def decode_as2d(
     if config.temperature > 0:
         raise InputError("as2d is a greedy method (temperature 0)")
     require_invariant(target, METHOD)
-    trace, stats, committed = Trace(), DecodeStats(), []
     # The request arrives: drafting starts now, never before, and runs on its own core while the
     # target encodes the audio and prefills its prompt (it reads only the audio, never target state).
     # Measured (bench e2e, quiet 2-core machine, 15 files): the encoder on both cores beside the
     # producer beat leaving the producer its own core, 10.6 s against 12.4 s in all.
+    trace = Trace()
     buffer = drafter.start(request.audio)
     with trace.stage("prefill"):
         state = target.prefill(request)
+    budget = config.budget or config.as2d_budget or DEFAULT_BUDGET
+    rounds = _NativeRounds(target, state, buffer, budget, output_limit(request, target), trace)
+    stats = rounds.stats
     stats.prefill_s = trace.now()
-    root, cursor = target.greedy(state.next_logits)[0], 0
-    limit, budget = output_limit(request, target), config.budget or config.as2d_budget or DEFAULT_BUDGET
-    while commit_token(root, committed, target.eos_ids, limit, stats):
-        with trace.stage("align"):
-            buffer.refresh()
-            cursor = realign(buffer.tokens, cursor, root, committed[-2] if len(committed) > 1 else None)
-            room = min(budget, limit - len(committed), target.max_length - state.length - 1)
-            candidates = buffer.ready(cursor + 1, room, CONFIDENCE_THRESHOLD)
-        verdict = verify_candidates(
-            target,
-            state,
-            root,
-            candidates,
-            trace,
-            stats,
-            lambda logits, candidates=candidates: greedy_verify(target.greedy(logits), candidates),
-        )
-        if candidates:
-            stats.observe_round(len(candidates), verdict.accepted)
-        cursor += verdict.accepted + 1
-        if not all(commit_token(t, committed, target.eos_ids, limit, stats) for t in candidates[: verdict.accepted]):
-            break
-        root = verdict.next_token
+    as2d_rounds(rounds, buffer, target.greedy(state.next_logits)[0], rounds.committed)
     stats.decode_s = trace.now() - stats.prefill_s
     drafter.finish(buffer)
-    stats.extra = _as2d_figures(trace, buffer, stats, len(committed))
+    stats.as2d = _as2d_figures(trace, buffer, stats, len(rounds.committed))
     _record_publications(trace, buffer)
-    return DecodeResult(METHOD, committed, stats, trace)
+    return DecodeResult(METHOD, rounds.committed, stats, trace)
 
 
 def _record_publications(trace: Trace, buffer: CandidateBuffer) -> None:
@@ -101,27 +158,45 @@ def _record_publications(trace: Trace, buffer: CandidateBuffer) -> None:
         )
 
 
-def _as2d_figures(trace: Trace, buffer: CandidateBuffer, stats: DecodeStats, n_tokens: int) -> dict:
+@dataclass(frozen=True)
+class As2dFigures:
+    """What one As²d decode measured beyond the common stats (its `DecodeStats.as2d`)."""
+
+    accounting: dict  # the D/V/O/H stage accounting (ondevice/accounting.py)
+    published: int  # tokens the producer published for the request
+    producer_failure: str | None  # the producer errored or died: the rest was decoded target-only
+    used: int  # candidates the target verified
+    coverage: float  # accepted candidates per committed token
+    k1_share: float  # share of one-token calls
+    first_publication_s: float | None  # after decoding began (negative: during the target's prefill)
+    published_before_decoding: int  # batches published before the target's first round
+    producer_messages_before_end: int  # commands about the request the producer read before the end (0)
+    producer_intervals: list  # (began, published) per batch, seconds after decoding began
+    call_intervals: list  # (start, end) per target call, same clock
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def _as2d_figures(trace: Trace, buffer: CandidateBuffer, stats: DecodeStats, n_tokens: int) -> As2dFigures:
     start, end = stats.prefill_s, stats.prefill_s + stats.decode_s
     producer = [(b.started - trace.origin, b.published - trace.origin) for b in buffer.batches]
     verifier = [(e.start, e.end) for e in trace.events if e.stage in ("align", "verify")]
     first_publication = min((b.published - trace.origin for b in buffer.batches), default=None)
-    return {
-        "accounting": account(producer, verifier, start, end).as_dict(),
-        "published": len(buffer.tokens),
-        "producer_failure": buffer.failure,  # the producer errored or died: the rest was decoded target-only
-        "stale_batches_dropped": buffer.stale_dropped,
-        "used": stats.drafted,
-        "coverage": stats.accepted / n_tokens if n_tokens else 0.0,
-        "k1_share": stats.call_widths.count(1) / len(stats.call_widths) if stats.call_widths else 0.0,
-        # seconds after decoding began (negative: published during the target's prefill)
-        "first_publication_s": None if first_publication is None else round(first_publication - start, 4),
-        "published_before_decoding": sum(1 for b in buffer.batches if b.published - trace.origin < start),
-        "producer_messages_before_end": sum(
+    return As2dFigures(
+        accounting=account(producer, verifier, start, end).as_dict(),
+        published=len(buffer.tokens),
+        producer_failure=buffer.failure,
+        used=stats.drafted,
+        coverage=stats.accepted / n_tokens if n_tokens else 0.0,
+        k1_share=stats.call_widths.count(1) / len(stats.call_widths) if stats.call_widths else 0.0,
+        first_publication_s=None if first_publication is None else round(first_publication - start, 4),
+        published_before_decoding=sum(1 for b in buffer.batches if b.published - trace.origin < start),
+        producer_messages_before_end=sum(
             1 for kind, t in buffer.producer_log if kind != "start" and t - trace.origin < end
         ),
-        "producer_intervals": [(round(a - start, 4), round(b - start, 4)) for a, b in producer],
-        "call_intervals": [
+        producer_intervals=[(round(a - start, 4), round(b - start, 4)) for a, b in producer],
+        call_intervals=[
             (round(e.start - start, 4), round(e.end - start, 4)) for e in trace.events if e.stage == "verify"
         ],
-    }
+    )

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from asyncspec.models.base import Decoder, DecodeRequest
 from asyncspec.trace import Trace
+
+if TYPE_CHECKING:
+    from asyncspec.decoding.as2d import As2dFigures
 
 
 @dataclass(frozen=True)
@@ -36,7 +40,13 @@ class DecodeStats:
     recycled: int = 0  # candidates reused from an earlier draft instead of drafted again
     draft_s: float = 0.0  # drafting time on the target's critical path (conversion included)
     convert_s: float = 0.0
-    extra: dict = field(default_factory=dict)  # method-specific figures (As²d: stage accounting, buffer)
+    as2d: As2dFigures | None = None  # As²d's own figures (stage accounting, buffer, producer)
+    notes: dict = field(default_factory=dict)  # a benchmark's annotations (e.g. bench ondevice's sd sweep)
+
+    @property
+    def extra(self) -> dict:
+        """The method-specific figures as JSON fields (a record merges them into its own)."""
+        return (self.as2d.as_dict() if self.as2d is not None else {}) | self.notes
 
     def observe_round(self, n_candidates: int, accepted: int) -> None:
         self.rounds += 1

@@ -340,7 +340,7 @@ def _method_stats(results: list[DecodeResult]) -> dict[str, Any]:
     }
     n_tokens = sum(len(r.tokens) for r in results)
     figures["coverage"] = round(figures["accepted"] / n_tokens, 3) if n_tokens else 0.0
-    published = [s.extra.get("published") for s in stats if "published" in s.extra]
+    published = [s.as2d.published for s in stats if s.as2d is not None]
     if published:
         figures["published"] = sum(published)
     return figures

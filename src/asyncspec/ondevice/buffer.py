@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
+from asyncspec.ondevice.messages import Done, Failed
+
 
 @dataclass(frozen=True)
 class PublishedBatch:
@@ -41,7 +43,6 @@ class CandidateBuffer:
         self.finished = False  # the producer has published everything it will for this request
         self.failure: str | None = None  # why the producer stopped early (it errored or died), if it did
         self.producer_log: list[tuple[str, float]] = []  # what the producer received, and when
-        self.stale_dropped = 0  # batches of other (earlier) requests drained and dropped
         self.refreshes = 0  # refresh() calls so far
         self.drained_at: list[int] = []  # per batch: the refresh() call (1-based) that delivered it
 
@@ -64,20 +65,19 @@ class CandidateBuffer:
     def accept(self, message: object) -> None:
         if isinstance(message, PublishedBatch):
             self.publish(message)
-        elif isinstance(message, tuple) and message[:1] == ("failed",):
-            if message[1] == self.request_id:
-                self.failure = str(message[2])
-        elif isinstance(message, tuple) and message[:1] == ("done",):
-            if message[1] == self.request_id:
+        elif isinstance(message, Failed):
+            if message.request_id == self.request_id:
+                self.failure = message.reason
+        elif isinstance(message, Done):
+            if message.request_id == self.request_id:
                 self.finished = True
-                self.producer_log = list(message[3]) if len(message) > 3 else []
+                self.producer_log = list(message.received)
         else:
             raise TypeError(f"unexpected message on the candidate channel: {message!r}")
 
     def publish(self, batch: PublishedBatch) -> None:
         if batch.request_id != self.request_id:
-            self.stale_dropped += 1
-            return
+            raise ValueError(f"batch of request {batch.request_id} routed to request {self.request_id}")
         if batch.offset != len(self.tokens):
             raise ValueError(f"batch at offset {batch.offset} after {len(self.tokens)} published tokens")
         self.batches.append(batch)

@@ -1,11 +1,12 @@
 """Trace replay (seed 000 §4.3, App. D.3, D.4.3): re-price a window's saved trajectory under a
 cost model, for target-only and As²d at any budget, and for sd/specasr at their recorded budget.
 
-The As²d replay runs the same loop as `decoding/as2d.py` with the same buffer, alignment and
-confidence rule, but time comes from a pricer and the target's decisions from the reference
-tokens (As²d is exact, so the target's greedy token at every position is known). Causality is
-enforced, not assumed: a publication enters the buffer only once the pricer says it was
-delivered, and one published after the decision that would read it raises `CausalityError`.
+The As²d replay runs the very round of `decoding/as2d.py` (`as2d_rounds`: the same buffer,
+alignment and confidence rule) through a driver whose time comes from a pricer and whose target
+decisions come from the reference tokens (As²d is exact, so the target's greedy token at every
+position is known). Causality is enforced, not assumed: a publication enters the buffer only once
+the pricer says it was delivered, and one published after the decision that would read it raises
+`CausalityError`.
 
 Pricers: `ProfilePricer` charges a measured `CostProfile`; `NativePricer` charges a native run's
 own stage durations, so replaying that run must reproduce its operations and its D/V/O/H.
@@ -13,16 +14,17 @@ own stage durations, so replaying that run must reproduce its operations and its
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from asyncspec.decoding.as2d import CONFIDENCE_THRESHOLD
+from asyncspec.decoding.as2d import as2d_rounds
 from asyncspec.decoding.result import DecodeStats, commit_token
 from asyncspec.ondevice.accounting import StageAccounting, account
-from asyncspec.ondevice.align import realign
 from asyncspec.ondevice.buffer import CandidateBuffer, PublishedBatch
 from asyncspec.profiling.costs import CostProfile
 from asyncspec.profiling.trajectory import EOS, NativeRun, Publication, WindowTrajectory
+from asyncspec.verify import Verdict
 
 CAUSALITY_TOLERANCE_S = 1e-6
 
@@ -130,6 +132,7 @@ class _ReplayBuffer(CandidateBuffer):
     def __init__(self, publications: list[Publication], source: str, pricer: Pricer):
         super().__init__(request_id=0)
         self.pending = sorted(publications, key=lambda p: p.offset)
+        self.publications = publications
         self.source, self.pricer = source, pricer
 
     def refresh_at(self, now: float) -> None:
@@ -138,48 +141,67 @@ class _ReplayBuffer(CandidateBuffer):
             p = self.pending.pop(0)
             self.publish(PublishedBatch(0, self.source, p.offset, p.tokens, p.confidences, p.started, p.published))
 
+    def producer_busy(self, now: float) -> bool:
+        return any(p.started <= now < p.published for p in self.publications)
+
     def check_causality(self, decision_time: float) -> None:
         late = [b for b in self.batches if b.published > decision_time + CAUSALITY_TOLERANCE_S]
         if late:
             raise CausalityError(f"a batch published at {late[0].published:.6f} s read at {decision_time:.6f} s")
 
 
+class _ReplayRounds:
+    """As²d's rounds over a saved trajectory: the reference tokens decide (As²d is exact), the
+    pricer gives each stage its time, and publications enter the buffer when the pricer says."""
+
+    def __init__(self, trajectory: WindowTrajectory, buffer: _ReplayBuffer, budget: int, pricer: Pricer):
+        self.trajectory, self.buffer, self.budget, self.pricer = trajectory, buffer, budget, pricer
+        self.committed: list[int] = []
+        self.now, self.round_index = pricer.lead(), 0
+        self.verifier: list[tuple[float, float]] = []
+        self.widths: list[int] = []
+        self.accepted = 0
+
+    def commit(self, token: int) -> bool:
+        """The decoders' own commit rule over reference positions (EOS stands for the target's end)."""
+        return commit_token(token, self.committed, frozenset({EOS}), self.trajectory.limit, DecodeStats())
+
+    def room(self) -> int:
+        return min(self.budget, self.trajectory.room(len(self.committed)))
+
+    @contextmanager
+    def aligning(self):
+        started = self.now
+        self.buffer.refresh_at(self.now)
+        self.now += self.pricer.align(self.round_index)
+        self.verifier.append((started, self.now))
+        self.buffer.check_causality(self.now)
+        yield
+
+    def verify(self, root: int, candidates: list[int]) -> Verdict:
+        self.now += self.pricer.handoff(self.round_index)
+        called, width, offset = self.now, len(candidates) + 1, len(self.committed) - 1  # in the target's cache
+        self.now += self.pricer.verify(self.round_index, width, offset, self.buffer.producer_busy(self.now))
+        self.verifier.append((called, self.now))
+        accepted = _accepted(candidates, self.trajectory, len(self.committed))
+        self.widths.append(width)
+        self.accepted += accepted
+        return Verdict(accepted, self.trajectory.target_next(len(self.committed) + accepted))
+
+    def round_done(self, last: bool) -> None:
+        self.now += self.pricer.gap(self.round_index, last)
+        self.round_index += 1
+
+
 def replay_as2d(trajectory: WindowTrajectory, source: str, budget: int, pricer: Pricer) -> ReplayRun:
-    """Mirror of decode_as2d's loop; returns the replayed time and the D/V/O/H accounting."""
+    """decode_as2d's rounds (`as2d_rounds`) re-priced; the replayed time and D/V/O/H accounting."""
     publications = trajectory.sources[source]
     buffer = _ReplayBuffer(publications, source, pricer)
-    run = ReplayRun("as2d", source, budget, len(trajectory.tokens), 0.0)
-    committed: list[int] = []
-    now, verifier, round_index = pricer.lead(), [], 0
-    root, cursor = trajectory.target_next(0), 0
-    while _commit(root, committed, trajectory):
-        started = now
-        buffer.refresh_at(now)
-        now += pricer.align(round_index)
-        verifier.append((started, now))
-        buffer.check_causality(now)
-        cursor = realign(buffer.tokens, cursor, root, committed[-2] if len(committed) > 1 else None)
-        room = min(budget, trajectory.room(len(committed)))
-        candidates = buffer.ready(cursor + 1, room, CONFIDENCE_THRESHOLD)
-        offset = len(committed) - 1  # output tokens already in the target's cache
-        now += pricer.handoff(round_index)
-        called = now
-        now += pricer.verify(round_index, len(candidates) + 1, offset, _producer_busy(publications, now))
-        verifier.append((called, now))
-        accepted = _accepted(candidates, trajectory, len(committed))
-        run.widths.append(len(candidates) + 1)
-        run.accepted += accepted
-        cursor += accepted + 1
-        last = not all(_commit(t, committed, trajectory) for t in candidates[:accepted])
-        root = trajectory.target_next(len(committed))
-        last = last or root == EOS or len(committed) + 1 >= trajectory.limit
-        now += pricer.gap(round_index, last)
-        round_index += 1
-        if last:
-            break
-    run.time_s = now
+    rounds = _ReplayRounds(trajectory, buffer, budget, pricer)
+    as2d_rounds(rounds, buffer, trajectory.target_next(0), rounds.committed)
+    run = ReplayRun("as2d", source, budget, len(trajectory.tokens), rounds.now, rounds.widths, rounds.accepted)
     producer = [(p.started, p.published) for p in publications]
-    run.accounting = account(producer, verifier, 0.0, now)
+    run.accounting = account(producer, rounds.verifier, 0.0, rounds.now)
     return run
 
 
@@ -217,18 +239,9 @@ def reprice_serial(trajectory: WindowTrajectory, key: str, profile: CostProfile)
     return run
 
 
-def _commit(token: int, committed: list[int], trajectory: WindowTrajectory) -> bool:
-    """The decoders' own commit rule over reference positions (EOS stands for the target's end)."""
-    return commit_token(token, committed, frozenset({EOS}), trajectory.limit, DecodeStats())
-
-
 def _accepted(candidates: list[int], trajectory: WindowTrajectory, position: int) -> int:
     """How many leading candidates equal the target's greedy tokens from `position` on."""
     accepted = 0
     while accepted < len(candidates) and candidates[accepted] == trajectory.target_next(position + accepted):
         accepted += 1
     return accepted
-
-
-def _producer_busy(publications: list[Publication], now: float) -> bool:
-    return any(p.started <= now < p.published for p in publications)
