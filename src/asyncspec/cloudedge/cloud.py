@@ -36,7 +36,10 @@ from asyncspec.models.hf_causal import CausalLMBackend
 from asyncspec.models.selftest import require_invariant
 from asyncspec.verify import greedy_verify, probabilities, speculative_accept
 
-MAX_PROPOSALS = 4096
+MAX_PROPOSALS = validation.MAX_PROPOSALS
+# Slack on the bound q(v) <= 1 - q(rejected) for v != rejected: the edge's float32 softmax sums to 1
+# only to within rounding, so its other entries may exceed 1 - q(rejected) by that much.
+Q_BOUND_SLACK = 1e-4
 
 
 @dataclass(frozen=True)
@@ -80,6 +83,7 @@ class CloudCounters:
     request_errors: int = 0  # requests failed by an error while serving them (the service goes on)
     foreign_requests: int = 0  # messages naming a request another connection owns (refused)
     refused_opens: int = 0  # new requests beyond the open-request limits (Nack "full")
+    settled_in_verdict: int = 0  # compact-uplink rejections the cloud settled by exact recovery itself
     forward_s: float = 0.0
 
     def as_dict(self) -> dict:
@@ -106,6 +110,7 @@ class CloudRequest:
     first_k: int
     epoch: int
     state: DecoderState
+    first_proposals: int = 0  # exact-recovery proposals a rejecting verdict carries (Open.first_proposals)
     expected_root: int | None = None  # the cloud's own last token (greedy, bonus); None after an edge correction
     pending: PendingCorrection | None = None
     touched: float = field(default_factory=time.monotonic)
@@ -133,6 +138,29 @@ def derived_seed(*parts) -> int:
 
 def seeded(*parts) -> torch.Generator:
     return torch.Generator().manual_seed(derived_seed(*parts))
+
+
+def recover_from_bound(
+    proposals: list[int], p: torch.Tensor, uniforms: torch.Tensor, rejected: int, q_rejected: float
+) -> int | None:
+    """Exact recovery (`verify.exact_recovery`: accept v with u < [1 - q(v)/p(v)]+, the first accepted
+    proposal is the draw) decided with what the cloud knows of q: q(rejected) exactly, and for every
+    other v only the bound q(v) <= 1 - q(rejected). The rejected candidate's own threshold is known
+    (it is never accepted: it was rejected because p < q there); another proposal is known accepted
+    when u clears the threshold of the bound, and unknown otherwise — then the cloud cannot decide
+    (None) and the edge, which holds q, finishes the same round with the same uniforms. Whenever this
+    returns a token, the edge's exact run would have returned the same one."""
+    bound = min(1.0 - q_rejected + Q_BOUND_SLACK, 1.0)
+    for token, pv, u in zip(proposals, p.tolist(), uniforms.tolist(), strict=True):
+        if token == rejected:
+            threshold = max(1.0 - q_rejected / pv, 0.0) if pv > 0 else 0.0
+            if u < threshold:
+                return int(token)
+            continue  # decided: rejected
+        if pv > 0 and u < 1.0 - bound / pv:
+            return int(token)  # accepted under the bound, so under every q the edge may hold
+        return None  # accepted or not depends on q(v), which only the edge knows
+    return None  # every proposal was the rejected candidate: the edge decides (nothing was accepted)
 
 
 class CloudVerifier:
@@ -333,7 +361,7 @@ class CloudVerifier:
         if tokens:  # the same blocks as target-only decoding of this prompt (+ output so far)
             self.target.prefill_tokens(state, tokens, message.prompt_len)
         self.requests[request_id] = CloudRequest(
-            message.prompt_len, message.sampling, message.first_k, message.epoch, state
+            message.prompt_len, message.sampling, message.first_k, message.epoch, state, message.first_proposals
         )
 
     def _prefill_guarded(self, request_id: int, identity: bytes, message: wire.Message) -> bool:
@@ -359,6 +387,7 @@ class CloudVerifier:
         if state.length > len(tokens):
             self.target.rollback(state, len(tokens))
         request.epoch, request.first_k = message.epoch, message.first_k
+        request.first_proposals = message.first_proposals
         request.pending, request.expected_root = None, None
         self.counters.rewinds += 1
         return True
@@ -492,29 +521,64 @@ class CloudVerifier:
         if block.q_full:  # baseline: the full draft distribution came up, the cloud corrects itself
             q = wire.unpack_probs(block.q_full).reshape(len(candidates), -1)
             outcome = speculative_accept(p, q, candidates, generator)
-            return self._settled(block, request, outcome.accepted, outcome.next_token)
+            rejected = outcome.accepted < len(candidates)
+            if rejected:
+                self.counters.rejections += 1
+            settled_by = "residual" if rejected else ""
+            return self._settled(block, request, outcome.accepted, outcome.next_token, settled_by)
         q_of_candidates = wire.unpack_probs(block.q).tolist()
         for i, (token, q) in enumerate(zip(candidates, q_of_candidates, strict=True)):
             ratio = float(p[i, token]) / q if q > 0 else 0.0
             if float(torch.rand((), generator=generator, dtype=torch.float64)) >= ratio:
-                return self._rejected(block, request, i, p[i])
+                return self._rejected(block, request, i, p[i], token, q)
         bonus = int(torch.multinomial(p[len(candidates)], 1, generator=generator))
         return self._settled(block, request, len(candidates), bonus)
 
-    def _settled(self, block: wire.Block, request: CloudRequest, accepted: int, token: int) -> wire.Verdict:
+    def _settled(
+        self, block: wire.Block, request: CloudRequest, accepted: int, token: int, settled_by: str = ""
+    ) -> wire.Verdict:
         self.counters.accepted += accepted
         request.expected_root = token
-        return wire.Verdict(block.id, accepted, token)
+        return wire.Verdict(block.id, accepted, token, settled_by=settled_by)
 
-    def _rejected(self, block: wire.Block, request: CloudRequest, index: int, p: torch.Tensor) -> wire.Verdict:
-        self.counters.accepted += index
+    def _rejected(
+        self, block: wire.Block, request: CloudRequest, index: int, p: torch.Tensor, rejected: int, q_rejected: float
+    ) -> wire.Verdict:
+        """A sampled rejection at candidate `index`. With proposals requested, round 0 of exact recovery
+        is drawn here: when the cloud can decide it from q(rejected) alone, it settles the rejection in
+        this verdict; otherwise the verdict carries the round (proposals, p, uniforms) for the edge."""
         self.counters.rejections += 1
+        proposals = None
+        if request.first_proposals:
+            proposals = self._proposals(request.sampling, block.id.base, request.first_proposals, p)
+            token = recover_from_bound(*proposals, rejected, q_rejected)
+            if token is not None:
+                self.counters.settled_in_verdict += 1
+                return self._settled(block, request, index, token, "recovery")
+        self.counters.accepted += index
         order = torch.argsort(p, descending=True, stable=True)
         request.pending = PendingCorrection(block.id, p, order)
         request.expected_root = None
         head = order[: request.first_k]
         tail = float(p[order[request.first_k :]].double().sum())
-        return wire.Verdict(block.id, index, -1, wire.pack_ids(head), wire.pack_probs(p[head]), wire.f32(tail))
+        attached = {}
+        if proposals is not None:
+            ids, p_ids, uniforms = proposals
+            attached = dict(
+                proposal_ids=wire.pack_ids(ids), proposal_p=wire.pack_probs(p_ids), proposal_u=wire.pack_probs(uniforms)
+            )
+        return wire.Verdict(
+            block.id, index, -1, wire.pack_ids(head), wire.pack_probs(p[head]), wire.f32(tail), **attached
+        )
+
+    @staticmethod
+    def _proposals(sampling, base: int, count: int, p: torch.Tensor) -> tuple[list[int], torch.Tensor, torch.Tensor]:
+        """Round 0 of exact recovery at position `base`: proposals v ~ p, their p(v), and float32 uniforms
+        (the values both sides decide with). The proposals are those a query of round 0 would return."""
+        count = min(max(count, 1), MAX_PROPOSALS)
+        ids = torch.multinomial(p, count, replacement=True, generator=seeded(sampling.seed, base, "proposals", 0))
+        uniforms = torch.rand(count, generator=seeded(sampling.seed, base, "uniforms", 0), dtype=torch.float64)
+        return ids.tolist(), p[ids].float(), uniforms.float()
 
     # ------------------------------------------------------------ corrections
 

@@ -268,8 +268,12 @@ class EdgeGateway:
         request.drafter = PrefixDrafter(self.drafter, self.drafter)
         request.drafter.start(DecodeRequest(request.prompt, max_new_tokens=request.max_new_tokens))
         self.requests[request.id] = request
-        self._send(request.open_message(self.policy.correction.first_k), request)
+        self._send(self._open_message(request), request)
         self.ready.append(request.id)
+
+    def _open_message(self, request: EdgeRequest) -> wire.Open:
+        correction = self.policy.correction
+        return request.open_message(correction.first_k, correction.first_proposals)
 
     # ------------------------------------------------------------ drafting (confirmed prefixes only)
 
@@ -327,7 +331,7 @@ class EdgeGateway:
         generated = request.presumed() if ahead else request.generated
         base = len(request.prompt) + len(generated) + (1 if ahead else 0)
         used = len(generated) + (1 if ahead else 0)
-        room = min(self.policy.block_size, request.limit - used - 1, self.cloud.max_length - base)
+        room = min(self._gamma(request), request.limit - used - 1, self.cloud.max_length - base)
         temperature = request.sampling.temperature
         candidates, q_rows, root = [], None, (None if ahead else request.confirmed[-1])
         if room > 0 or ahead:
@@ -354,6 +358,15 @@ class EdgeGateway:
         block_id = wire.BlockId(request.id, base, len(candidates), request.sampling.digest())
         message = wire.Block(block_id, root, wire.pack_ids(candidates), q_bytes, q_full)
         return OpenBlock(message, candidates, q_rows, time.monotonic())
+
+    def _gamma(self, request: EdgeRequest) -> int:
+        """Candidates for the request's next block: the policy's block size, or with adaptive_gamma the
+        block length its running acceptance supports (EdgePolicy.gamma_for)."""
+        if not self.policy.adaptive_gamma:
+            return self.policy.block_size
+        gamma = self.policy.gamma_for(request.acceptance.estimate)
+        request.stats.gammas[gamma] += 1
+        return gamma
 
     def _open(self, request: EdgeRequest, block: OpenBlock) -> None:
         open_now = (request.open is not None) + len(request.ahead)
@@ -428,6 +441,9 @@ class EdgeGateway:
         block.accepted = verdict.accepted
         block.sent_at = time.monotonic()
         if verdict.token >= 0:
+            if verdict.settled_by:  # a rejection the cloud settled inside the verdict: no round trip
+                mode = "cloud" if verdict.settled_by == "recovery" else "residual"
+                request.stats.corrections.observe(Decided(verdict.token, mode), rounds=0)
             self._settle(request, block, verdict.token)
             return
         if block.q_rows is None:
@@ -437,7 +453,15 @@ class EdgeGateway:
             block.q_rows[verdict.accepted], request.budget, self.policy.correction, request.generator
         )
         support = wire.unpack_ids(verdict.support_ids)
-        self._advance(request, block, block.session.first(support, wire.unpack_probs(verdict.support_p), verdict.tail))
+        proposals = None
+        if verdict.proposal_ids:  # round 0 of exact recovery, with the uniforms the cloud decided with
+            proposals = (
+                wire.unpack_ids(verdict.proposal_ids),
+                wire.unpack_probs(verdict.proposal_p),
+                wire.unpack_probs(verdict.proposal_u),
+            )
+        first = block.session.first(support, wire.unpack_probs(verdict.support_p), verdict.tail, proposals)
+        self._advance(request, block, first)
 
     def _correction(self, request: EdgeRequest | None, correction: wire.Correction) -> None:
         block = self._current_block(request, correction.id)
@@ -469,11 +493,12 @@ class EdgeGateway:
 
     def _advance(self, request: EdgeRequest, block: OpenBlock, step: Decided | Ask) -> None:
         if isinstance(step, Decided):
-            request.stats.corrections.observe(step)
+            request.stats.corrections.observe(step, rounds=block.queries)
             self._settle(request, block, step.token)
             return
         block.asked = step
         block.sent_at = time.monotonic()
+        block.queries += 1
         request.stats.corrections.queries += 1
         self._send(wire.CorrectionQuery(block.id, step.kind, step.start, step.stop), request)
 
@@ -507,6 +532,7 @@ class EdgeGateway:
         stats.blocks += 1
         stats.drafted += len(block.candidates)
         stats.accepted += block.accepted
+        request.acceptance.observe(block.accepted, len(block.candidates), self.policy.acceptance_decay)
         request.open = None
         held = self._runahead_held(request, block, token)
         for committed in [*block.candidates[: block.accepted], token]:
@@ -589,7 +615,7 @@ class EdgeGateway:
             return
         request.epoch += 1
         self._invalidate_ahead(request)
-        self._send(request.open_message(self.policy.correction.first_k), request)
+        self._send(self._open_message(request), request)
         block = request.open
         if block is not None:
             block.accepted, block.session, block.asked, block.retry_at = None, None, None, None
