@@ -3,6 +3,9 @@ runahead's invalidated work, and the one-open-block invariant broken only by run
 
 from __future__ import annotations
 
+from collections import Counter
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -165,3 +168,52 @@ def test_bad_bench_input_exits_2(argv, capsys):
 
     assert main(argv) == 2
     assert "error" in capsys.readouterr().err
+
+
+def test_rejections_are_settled_in_the_verdict_and_rounds_are_counted(sampling_pair):
+    """AsymSpec's rejecting verdicts carry round 0 of exact recovery: most rejections need no correction
+    round trip (the cloud settles them, or the edge does from the attached proposals); without the
+    attachment every exact correction costs at least one. Rounds are counted per mode."""
+    prompts, lengths = workload(4)
+    sampling = [wire.Sampling(1.0, seed) for seed in range(4)]
+    settled, _, _, cloud = run_method(sampling_pair, "asymspec", prompts, lengths, sampling)
+    modes = [r["stats"]["corrections"] for r in settled]
+    corrections = sum(m["cloud"] + m["exact"] + m["full"] + sum(m["topk"].values()) for m in modes)
+    # the tiny drafter's q is spread thin (q(rejected) small), so the cloud's bound rarely decides here;
+    # tests/test_sampling_fidelity.py exercises that path and its law
+    assert corrections > 0 and sum(m["cloud"] for m in modes) == cloud.settled_in_verdict
+    assert sum(m["in_verdict"] for m in modes) > corrections // 2
+    assert sum(m["queries"] for m in modes) == sum(sum(m["rounds"].values()) for m in modes)
+    assert all(m["rounds"].get("cloud", 0) == 0 for m in modes)
+
+    no_attachment = replace(BASE, correction=replace(BASE.correction, verdict_proposals=0))
+    target, drafter = sampling_pair
+    with services(target, drafter, no_attachment, CloudConfig()) as (gateway, cloud, _):
+        queried = run_requests(gateway, prompts, lengths, sampling=sampling)
+    modes = [r["stats"]["corrections"] for r in queried]
+    assert sum(m["cloud"] + m["in_verdict"] for m in modes) == 0
+    assert sum(m["queries"] for m in modes) >= sum(m["exact"] + m["full"] for m in modes) > 0
+
+
+def test_full_uplink_rejections_are_counted_as_settled_by_the_cloud(sampling_pair):
+    prompts, lengths = workload(2)
+    sampling = [wire.Sampling(1.0, seed) for seed in range(2)]
+    results, _, _, _ = run_method(sampling_pair, "no-asym-topk", prompts, lengths, sampling)
+    modes = [r["stats"]["corrections"] for r in results]
+    assert sum(m["residual"] for m in modes) > 0 and sum(m["queries"] for m in modes) == 0
+
+
+def test_adaptive_gamma_follows_the_running_acceptance(sampling_pair):
+    policy = EdgePolicy(adaptive_gamma=True, gamma_min=1, gamma_max=12)
+    assert [policy.gamma_for(a) for a in (0.0, 0.5, 0.7, 0.8, 0.9, 0.99, 1.0)] == [1, 1, 3, 4, 9, 12, 12]
+    with pytest.raises(ValueError):
+        EdgePolicy(gamma_min=3, gamma_max=2)
+    assert method_policy("asymspec-adaptive").adaptive_gamma and not method_policy("asymspec").adaptive_gamma
+    prompts, lengths = workload(3)
+    sampling = [wire.Sampling(1.0, seed) for seed in range(3)]
+    results, _, _, _ = run_method(sampling_pair, "asymspec-adaptive", prompts, lengths, sampling)
+    assert [r["type"] for r in results] == ["done"] * 3
+    gammas = Counter()
+    for r in results:
+        gammas.update({int(k): n for k, n in r["stats"]["gammas"].items()})
+    assert len(gammas) > 1, gammas  # the block length moved with the acceptance
