@@ -39,7 +39,7 @@ def test_warm_up_before_the_first_run_and_after_each_restart(monkeypatch, tmp_pa
     monkeypatch.setattr(cloudedge.report, "run_metrics", fake_metrics)
     config = SimpleNamespace(
         methods=["asymspec"], scales=[40.0], profiles=["weak", "medium", "strong"], requests=5,
-        max_new_tokens=16, temperature=0.0, eps_req=0.0, seed=0, clients=None, rate_per_s=None,
+        max_new_tokens=16, temperatures=[0.0], eps_req=0.0, seed=0, clients=None, rate_per_s=None,
         run_timeout_s=10.0, block_size=7, dtype="fp32",
     )  # fmt: skip
     monkeypatch.setattr(cloudedge, "asdict", vars)

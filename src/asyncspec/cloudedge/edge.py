@@ -637,7 +637,10 @@ class EdgeGateway:
     def _liveness(self) -> None:
         """Called right after the socket was drained: an unanswered ping is real silence."""
         now = time.monotonic()
-        if now - self.last_ping >= self.policy.heartbeat_s:
+        # a ping only after heartbeat_s without a word from the cloud (verdicts and corrections are proof of
+        # life too): pings were most of the uplink per committed token while the cloud was answering blocks
+        quiet = self.cloud is None or now - self.last_heard >= self.policy.heartbeat_s
+        if quiet and now - self.last_ping >= self.policy.heartbeat_s:
             self._ping(now)
         if not (self.requests or self.waiting) or self.unanswered_since is None:
             return
