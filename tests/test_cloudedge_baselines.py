@@ -113,7 +113,8 @@ def test_unknown_method_is_an_input_error():
 
 def test_bench_cloudedge_tiny_writes_json_and_plots(tmp_path):
     """The benchmark command end to end with tiny models: real service processes, the link process,
-    two methods under one profile, unscaled and scaled; the JSON has the required keys and the PNGs exist."""
+    two methods under one profile, unscaled and scaled, sampled and greedy; the JSON has the required
+    keys, intervals over requests and the per-request seeds, and the PNGs exist."""
     import json
 
     from cloudedge_support import spawn
@@ -121,7 +122,7 @@ def test_bench_cloudedge_tiny_writes_json_and_plots(tmp_path):
     out = tmp_path / "out"
     args = [
         "bench", "cloudedge", "--models", "tiny", "--methods", "asymspec,runahead", "--profiles", "weak",
-        "--link-scales", "1,40", "--requests", "3", "--max-new-tokens", "10", "--temperature", "0",
+        "--link-scales", "1,40", "--requests", "3", "--max-new-tokens", "10", "--temperatures", "0.7,0",
         "--out", str(out), "--json", str(tmp_path / "r.json"),
     ]  # fmt: skip
     process = spawn(*args)
@@ -129,22 +130,28 @@ def test_bench_cloudedge_tiny_writes_json_and_plots(tmp_path):
     assert process.returncode == 0, stderr[-3000:]
     document = json.loads((tmp_path / "r.json").read_text())
     required = {"profile", "link_scale", "method", "throughput_tok_s", "e2e_s_mean", "ttft_s_mean", "tpot_s_mean"}
-    required |= {"uplink_bytes_per_token", "downlink_bytes_per_token"}
-    assert len(document["results"]) == 4
+    required |= {"uplink_bytes_per_token", "downlink_bytes_per_token", "temperature", "intervals"}
+    assert len(document["results"]) == 8
     for result in document["results"]:
         assert required <= set(result)
         assert result["throughput_tok_s"] > 0 and result["uplink_bytes_per_token"] > 0
-    assert {(r["method"], r["link_scale"]) for r in document["results"]} == {
-        ("asymspec", 1.0), ("asymspec", 40.0), ("runahead", 1.0), ("runahead", 40.0)
-    }  # fmt: skip
-    assert document["exactness"]["passed"] is True  # greedy: every output of every run checked against target-only
+        for key in ("request_tok_s", "e2e_s", "ttft_s", "tpot_s", "uplink_message_bytes_per_token"):
+            spread = result["intervals"][key]
+            assert spread["n"] == 3 and spread["lo"] <= spread["mean"] <= spread["hi"]
+    assert {(r["method"], r["link_scale"], r["temperature"]) for r in document["results"]} == {
+        (m, s, t) for m in ("asymspec", "runahead") for s in (1.0, 40.0) for t in (0.7, 0.0)
+    }
+    assert [r["seed"] for r in document["requests"]] == [0, 1, 2]
+    # greedy runs are checked against target-only token for token; each vouches for its sampled twin
+    assert document["exactness"]["passed"] is True
     assert document["exactness"]["checked"] == 4 * 3 and all(r["exact"] is True for r in document["results"])
     runahead = [r for r in document["results"] if r["method"] == "runahead"]
     assert all(r["max_open_blocks_per_request"] >= 1 for r in runahead)
     assert all(r["max_open_blocks_per_request"] == 1 for r in document["results"] if r["method"] == "asymspec")
-    for name in ("cloudedge_throughput.png", "cloudedge_latency_cdf.png"):
+    for name in ("cloudedge_throughput.png", "cloudedge_latency_cdf.png", "cloudedge_throughput_T0.png"):
         assert (out / name).stat().st_size > 1000
     assert "exactness: all 12 outputs equal to target-only" in stderr
+    assert "separable" in stdout and "95 % intervals over requests" in stdout
 
 
 def test_method_names_in_the_parser_match_the_presets():
