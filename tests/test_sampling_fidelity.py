@@ -15,8 +15,8 @@ from collections import Counter
 import pytest
 import torch
 
-from asyncspec.cloudedge import cloud as cloud_module
 from asyncspec.cloudedge import protocol as wire
+from asyncspec.cloudedge import verdicts as verdicts_module
 from asyncspec.cloudedge.cloud import CloudRequest, CloudVerifier
 from asyncspec.cloudedge.correction import Ask, CorrectionPolicy, CorrectionSession, Decided, FidelityBudget
 from asyncspec.decoding import speculative
@@ -186,8 +186,8 @@ def test_sd_with_the_bonus_from_the_wrong_row_fails(monkeypatch):
 
 
 class EdgeOfOneRequest:
-    """What the edge does around the cloud's `_decide` and `_correction`, without sockets: draft one
-    candidate from the drafter's law, send it with q(candidate), settle the verdict, and run a
+    """What the edge does around the cloud's `verdicts.decide` and `verdicts.correction`, without
+    sockets: draft one candidate from the drafter's law, send it with q(candidate), settle the verdict, and run a
     rejection's correction session against the cloud's answers (exact: budget 0, first K = 1, so
     the session has to ask for proposals or the full distribution)."""
 
@@ -213,7 +213,7 @@ class EdgeOfOneRequest:
         block_id = wire.BlockId(request=1, base=len(self.output), n=1, config=self.sampling.digest())
         block = wire.Block(block_id, self.output[-1], wire.pack_ids([candidate]), wire.pack_probs(q[[candidate]]))
         logits = torch.stack([TARGET.logits_after(tuple(self.output)), TARGET.logits_after((*self.output, candidate))])
-        verdict = self.cloud._decide(block, self.request, logits)
+        verdict = verdicts_module.decide(block, self.request, logits, self.cloud.target.greedy, self.cloud.counters)
         if verdict.settled_by:
             self.modes["in the verdict, by the cloud"] += 1
         self.output += [candidate][: verdict.accepted]
@@ -232,7 +232,7 @@ class EdgeOfOneRequest:
             self.modes["in the verdict, by the edge" if isinstance(step, Decided) else "after a query"] += 1
         while isinstance(step, Ask):
             query = wire.CorrectionQuery(block_id, step.kind, step.start, step.stop)
-            answer = self.cloud._correction(query, self.request.pending, self.sampling)
+            answer = verdicts_module.correction(query, self.request.pending, self.sampling)
             ids, p = wire.unpack_ids(answer.ids), wire.unpack_probs(answer.p)
             if step.kind == "topk":
                 step = session.add_support(ids, p, answer.tail)
@@ -258,7 +258,7 @@ def test_cloud_correction_from_p_instead_of_the_residual_fails():
 
 
 def test_cloud_bonus_from_the_wrong_row_fails(monkeypatch):
-    monkeypatch.setattr(cloud_module, "probabilities", bonus_from_the_first_row(cloud_module.probabilities))
+    monkeypatch.setattr(verdicts_module, "probabilities", bonus_from_the_first_row(verdicts_module.probabilities))
     truth = two_token_law()
     measured = tv(empirical(lambda draw: EdgeOfOneRequest(draw).continuation()), truth)
     print(f"cloud, bonus from the wrong row: TV {measured:.4f}, noise floor {noise_floor(truth):.4f}")
@@ -283,7 +283,7 @@ def test_rejections_settled_in_the_verdict_follow_the_target():
 def test_a_cloud_that_trusts_a_wrong_bound_on_q_fails(monkeypatch):
     """Negative control: a bound below q(v) (here: q(v) <= 0 for every v but the rejected one) makes the
     cloud accept the first other proposal, a draw from p instead of the residual."""
-    monkeypatch.setattr(cloud_module, "Q_BOUND_SLACK", -1.0)
+    monkeypatch.setattr(verdicts_module, "Q_BOUND_SLACK", -1.0)
     truth = two_token_law()
     measured = tv(empirical(lambda draw: EdgeOfOneRequest(draw, first_proposals=2).continuation()), truth)
     print(f"settled in the verdict, wrong bound: TV {measured:.4f}, noise floor {noise_floor(truth):.4f}")
