@@ -15,36 +15,27 @@ A Pong from a new cloud instance or a Nack("unknown") resynchronises; nothing ha
 from __future__ import annotations
 
 import queue
-import secrets
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import zmq
 
 from asyncspec.cloudedge import protocol as wire
 from asyncspec.cloudedge import validation
 from asyncspec.cloudedge.auth import CurveKeys, connection_id
-from asyncspec.cloudedge.correction import Ask, CorrectionSession, Decided, FidelityBudget
+from asyncspec.cloudedge.correction import Ask, Decided
 from asyncspec.cloudedge.drafting import draft_block
+from asyncspec.cloudedge.edge_corrections import answers_query, apply_answer, open_session, settled_in_verdict
 from asyncspec.cloudedge.edge_counters import EdgeCounters, EdgeEvents, RequestTotals, snapshot
 from asyncspec.cloudedge.limits import DEFAULT_MAX_MESSAGE_BYTES
 from asyncspec.cloudedge.liveness import Liveness
 from asyncspec.cloudedge.policy import EdgePolicy
-from asyncspec.cloudedge.requests import EdgeRequest, Emit, OpenBlock
+from asyncspec.cloudedge.requests import CloudInfo, EdgeRequest, Emit, OpenBlock, new_request
 from asyncspec.cloudedge.runahead import invalidate_ahead, presumption_held
 from asyncspec.cloudedge.scheduler import EdgeScheduler
 from asyncspec.cloudedge.transport import Channel, TrafficCounters, make_socket
 from asyncspec.decoding.drafter import PrefixDrafter
 from asyncspec.models.base import Decoder, DecodeRequest
-from asyncspec.sampling import make_generator
-
-
-@dataclass
-class CloudInfo:
-    instance: int
-    vocab_size: int
-    max_length: int
 
 
 class EdgeGateway:
@@ -90,25 +81,9 @@ class EdgeGateway:
     # ------------------------------------------------------------ submission (any thread)
 
     def submit(self, prompt_ids, max_new_tokens: int, sampling: wire.Sampling, eps_req: float, emit: Emit) -> int:
-        if not prompt_ids:
-            raise ValueError("the prompt is empty")
-        if not 0 <= eps_req <= 1 or max_new_tokens < 1:
-            raise ValueError("eps_req must be within [0, 1] and max_new_tokens >= 1")
-        problem = validation.sampling_problem(sampling.temperature, sampling.seed)
-        if problem:
-            raise ValueError(problem)
-        request_id = secrets.randbits(64)  # unpredictable: another peer cannot guess and touch it
-        request = EdgeRequest(
-            request_id,
-            tuple(int(t) for t in prompt_ids),
-            sampling,
-            max_new_tokens,
-            FidelityBudget(eps_req),
-            emit,
-            make_generator((sampling.seed + 0x5EED) % 2**64),  # the edge's own stream, independent of the cloud's
-        )
+        request = new_request(prompt_ids, max_new_tokens, sampling, eps_req, emit)  # validates (ValueError)
         self.inbox.put(request)
-        return request_id
+        return request.id
 
     def cancel(self, request_id: int) -> None:
         """Abandon a request (any thread): its drafting stops and the cloud frees its state."""
@@ -291,7 +266,7 @@ class EdgeGateway:
 
     def _handle(self, message: wire.Message) -> None:
         if isinstance(message, wire.Pong):
-            self._pong(message)
+            self.liveness.pong(message)
             return
         request = self.requests.get(wire.request_of(message))
         problem = validation.reply_problem(message, self.drafter.vocab_size)
@@ -305,21 +280,7 @@ class EdgeGateway:
         elif isinstance(message, wire.Correction):
             self._correction(request, message)
         elif isinstance(message, wire.Nack):
-            self._nack(request, message)
-
-    def _pong(self, pong: wire.Pong) -> None:
-        if pong.vocab_size != self.drafter.vocab_size:
-            self.fatal = (
-                f"the cloud's vocabulary ({pong.vocab_size}) differs from the drafter's ({self.drafter.vocab_size})"
-            )
-            for request in list(self.requests.values()):
-                self.fail(request, self.fatal)
-            return
-        restarted = self.cloud is not None and pong.instance != self.cloud.instance
-        self.cloud = CloudInfo(pong.instance, pong.vocab_size, pong.max_length)
-        if restarted:
-            self.events.cloud_restarts += 1
-            self.liveness.resubmit_all()
+            self.liveness.nack(request, message)
 
     def _current_block(self, request: EdgeRequest | None, block_id: wire.BlockId) -> OpenBlock | None:
         block = request.open if request is not None else None
@@ -346,56 +307,23 @@ class EdgeGateway:
             return
         block.accepted = verdict.accepted
         block.sent_at = time.monotonic()
-        if verdict.token >= 0:
-            if verdict.settled_by:  # a rejection the cloud settled inside the verdict: no round trip
-                mode = "cloud" if verdict.settled_by == "recovery" else "residual"
-                request.stats.corrections.observe(Decided(verdict.token, mode), rounds=0)
+        if not rejected:
+            settled_in_verdict(request, verdict)
             self._settle(request, block, verdict.token)
-            return
-        if block.q_rows is None:
+        elif block.q_rows is None:
             self.fail(request, "the cloud asked for a correction of a greedy block")
-            return
-        block.session = CorrectionSession(
-            block.q_rows[verdict.accepted], request.budget, self.policy.correction, request.generator
-        )
-        support = wire.unpack_ids(verdict.support_ids)
-        proposals = None
-        if verdict.proposal_ids:  # round 0 of exact recovery, with the uniforms the cloud decided with
-            proposals = (
-                wire.unpack_ids(verdict.proposal_ids),
-                wire.unpack_probs(verdict.proposal_p),
-                wire.unpack_probs(verdict.proposal_u),
-            )
-        first = block.session.first(support, wire.unpack_probs(verdict.support_p), verdict.tail, proposals)
-        self._advance(request, block, first)
+        else:
+            self._advance(request, block, open_session(request, block, verdict, self.policy.correction))
 
     def _correction(self, request: EdgeRequest | None, correction: wire.Correction) -> None:
         block = self._current_block(request, correction.id)
-        if (
-            block is None
-            or block.asked is None
-            or (block.asked.kind, block.asked.start)
-            != (
-                correction.kind,
-                correction.start,
-            )
-        ):
+        if not answers_query(block, correction):
             return
-        block.asked = None
-        session = block.session
-        if correction.kind == "topk":
-            step = session.add_support(
-                wire.unpack_ids(correction.ids), wire.unpack_probs(correction.p), correction.tail
-            )
-        elif correction.kind == "proposals":
-            step = session.add_proposals(wire.unpack_ids(correction.ids), wire.unpack_probs(correction.p))
+        step = apply_answer(block, correction)
+        if isinstance(step, str):
+            self.fail(request, step)
         else:
-            p = wire.unpack_probs(correction.p)
-            if p.numel() != session.q.numel():
-                self.fail(request, "the cloud sent a distribution of the wrong size")
-                return
-            step = session.add_full(p)
-        self._advance(request, block, step)
+            self._advance(request, block, step)
 
     def _advance(self, request: EdgeRequest, block: OpenBlock, step: Decided | Ask) -> None:
         if isinstance(step, Decided):
@@ -407,29 +335,6 @@ class EdgeGateway:
         block.queries += 1
         request.stats.corrections.queries += 1
         self.send(wire.CorrectionQuery(block.id, step.kind, step.start, step.stop), request)
-
-    def _nack(self, request: EdgeRequest | None, nack: wire.Nack) -> None:
-        if request is None:
-            self.events.unattributed_nacks[nack.reason] += 1
-            return
-        request.stats.nacks[nack.reason] += 1
-        if nack.reason == "full":  # refused at its Open, whatever block is open: retrying would loop
-            reason = nack.detail or "it holds its limit of requests"
-            self.fail(request, f"the cloud refused the request: {reason}", capacity=True)
-            return
-        if request.invalidated_bases[nack.base] > 0 and nack.reason in ("stale", "unknown"):
-            request.invalidated_bases[nack.base] -= 1  # the answer to a runahead block already discarded
-            return
-        base = len(request.prompt) + len(request.generated)
-        if request.open is None or nack.base != base:
-            return  # about a block that is no longer open
-        if nack.reason == "busy":
-            request.open.retry_at = time.monotonic() + self.policy.busy_retry_s
-        elif nack.reason == "invalid":
-            detail = f": {nack.detail}" if nack.detail else ""
-            self.fail(request, f"the cloud rejected the request as invalid{detail}")
-        else:
-            self.liveness.resync(request)
 
     # ------------------------------------------------------------ commit
 

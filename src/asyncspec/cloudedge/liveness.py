@@ -15,7 +15,7 @@ import time
 from typing import TYPE_CHECKING
 
 from asyncspec.cloudedge import protocol as wire
-from asyncspec.cloudedge.requests import EdgeRequest
+from asyncspec.cloudedge.requests import CloudInfo, EdgeRequest
 from asyncspec.cloudedge.runahead import invalidate_ahead
 
 if TYPE_CHECKING:
@@ -98,4 +98,47 @@ class Liveness:
 
     def resubmit_all(self) -> None:
         for request in list(self.gateway.scheduler.requests.values()):
+            self.resync(request)
+
+    def pong(self, pong: wire.Pong) -> None:
+        """The cloud's answer to a ping: its vocabulary must be the drafter's; a new instance (a
+        restarted cloud) has lost every request's state, so all are resubmitted."""
+        gateway = self.gateway
+        if pong.vocab_size != gateway.drafter.vocab_size:
+            gateway.fatal = (
+                f"the cloud's vocabulary ({pong.vocab_size}) differs from the drafter's ({gateway.drafter.vocab_size})"
+            )
+            for request in list(gateway.requests.values()):
+                gateway.fail(request, gateway.fatal)
+            return
+        restarted = gateway.cloud is not None and pong.instance != gateway.cloud.instance
+        gateway.cloud = CloudInfo(pong.instance, pong.vocab_size, pong.max_length)
+        if restarted:
+            gateway.events.cloud_restarts += 1
+            self.resubmit_all()
+
+    def nack(self, request: EdgeRequest | None, nack: wire.Nack) -> None:
+        """The cloud could not serve a block: back off (busy), resynchronise (stale, unknown), or
+        fail the request (invalid, or refused at its Open)."""
+        gateway = self.gateway
+        if request is None:
+            gateway.events.unattributed_nacks[nack.reason] += 1
+            return
+        request.stats.nacks[nack.reason] += 1
+        if nack.reason == "full":  # refused at its Open, whatever block is open: retrying would loop
+            reason = nack.detail or "it holds its limit of requests"
+            gateway.fail(request, f"the cloud refused the request: {reason}", capacity=True)
+            return
+        if request.invalidated_bases[nack.base] > 0 and nack.reason in ("stale", "unknown"):
+            request.invalidated_bases[nack.base] -= 1  # the answer to a runahead block already discarded
+            return
+        base = len(request.prompt) + len(request.generated)
+        if request.open is None or nack.base != base:
+            return  # about a block that is no longer open
+        if nack.reason == "busy":
+            request.open.retry_at = time.monotonic() + self.policy.busy_retry_s
+        elif nack.reason == "invalid":
+            detail = f": {nack.detail}" if nack.detail else ""
+            gateway.fail(request, f"the cloud rejected the request as invalid{detail}")
+        else:
             self.resync(request)

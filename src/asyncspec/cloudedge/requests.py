@@ -3,6 +3,7 @@ the fidelity budget, and the figures a benchmark needs (TTFT, per-token times, b
 
 from __future__ import annotations
 
+import secrets
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -11,10 +12,21 @@ from dataclasses import dataclass, field
 import torch
 
 from asyncspec.cloudedge import protocol as wire
+from asyncspec.cloudedge import validation
 from asyncspec.cloudedge.correction import Ask, CorrectionCounts, CorrectionSession, FidelityBudget
 from asyncspec.decoding.drafter import PrefixDrafter
+from asyncspec.sampling import make_generator
 
 Emit = Callable[[dict], None]  # receives {"type": "token" | "done" | "error", ...}
+
+
+@dataclass
+class CloudInfo:
+    """What the edge learned of its cloud from a Pong."""
+
+    instance: int
+    vocab_size: int
+    max_length: int
 
 
 @dataclass
@@ -162,3 +174,24 @@ class EdgeRequest:
             self.epoch,
             first_proposals,
         )
+
+
+def new_request(prompt_ids, max_new_tokens: int, sampling: wire.Sampling, eps_req: float, emit: Emit) -> EdgeRequest:
+    """A submission, validated (ValueError says what is wrong), under an unpredictable id: another
+    peer cannot guess it and touch the request."""
+    if not prompt_ids:
+        raise ValueError("the prompt is empty")
+    if not 0 <= eps_req <= 1 or max_new_tokens < 1:
+        raise ValueError("eps_req must be within [0, 1] and max_new_tokens >= 1")
+    problem = validation.sampling_problem(sampling.temperature, sampling.seed)
+    if problem:
+        raise ValueError(problem)
+    return EdgeRequest(
+        secrets.randbits(64),
+        tuple(int(t) for t in prompt_ids),
+        sampling,
+        max_new_tokens,
+        FidelityBudget(eps_req),
+        emit,
+        make_generator((sampling.seed + 0x5EED) % 2**64),  # the edge's own stream, independent of the cloud's
+    )
