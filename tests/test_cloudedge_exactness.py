@@ -20,14 +20,14 @@ TOKENS = 6
 def config(temperature: float = 0.0) -> cloudedge.BenchConfig:
     return cloudedge.BenchConfig(
         models="tiny", methods=["asymspec", "standard", "runahead"], profiles=["weak"], scales=[1.0],
-        workload="humaneval", requests=2, max_new_tokens=TOKENS, temperature=temperature, eps_req=0.0,
+        workload="humaneval", requests=2, max_new_tokens=TOKENS, temperatures=[temperature], eps_req=0.0,
         clients=None, rate_per_s=None, block_size=7, run_timeout_s=60.0, check_requests=2, check_tokens=TOKENS,
         dtype="fp32", seed=0,
     )  # fmt: skip
 
 
-def run(method: str, outputs: list[dict], key: str = "outputs") -> dict:
-    return {"method": method, "profile": "weak", "link_scale": 1.0, key: outputs}
+def run(method: str, outputs: list[dict], key: str = "outputs", temperature: float = 0.0) -> dict:
+    return {"method": method, "profile": "weak", "link_scale": 1.0, "temperature": temperature, key: outputs}
 
 
 @pytest.mark.parametrize("temperature, key", [(0.0, "outputs"), (0.7, "check_outputs")])
@@ -40,7 +40,7 @@ def test_every_run_is_checked_and_a_mismatch_or_a_cut_run_fails(tmp_path, capsys
     flipped = [dict(o, tokens=list(o["tokens"])) for o in equal]
     flipped[1]["tokens"][2] = (flipped[1]["tokens"][2] + 1) % 95
     cut = [equal[0], dict(equal[1], tokens=equal[1]["tokens"][:1], complete=False)]
-    results = [run("asymspec", equal, key), run("standard", flipped, key), run("runahead", cut, key)]
+    results = [run(m, o, key, temperature) for m, o in (("asymspec", equal), ("standard", flipped), ("runahead", cut))]
     exactness = cloudedge.check_exactness(config(temperature), str(target), prompts, results)
     assert [r["exact"] for r in results] == [True, False, None]
     assert exactness.report() == 1
@@ -48,7 +48,9 @@ def test_every_run_is_checked_and_a_mismatch_or_a_cut_run_fails(tmp_path, capsys
     assert (
         "MISMATCH: standard differs from target-only on request 1 under weak at link scale 1 at output token 2" in err
     )
-    assert "NOT CHECKED: runahead under weak at link scale 1: 1 of 2 requests did not finish" in err
+    assert (
+        f"NOT CHECKED: runahead under weak at link scale 1 at T {temperature:g}: 1 of 2 requests did not finish" in err
+    )
     assert exactness.checked == 5  # the cut request is not compared
 
 

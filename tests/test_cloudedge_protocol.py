@@ -18,6 +18,19 @@ MESSAGES = [
     wire.Block(BLOCK_ID, 9, wire.pack_ids([4, 5, 6]), wire.pack_probs([0.1, 0.2, 0.3])),
     wire.Verdict(BLOCK_ID, 1, -1, wire.pack_ids([7, 8]), wire.pack_probs([0.5, 0.25]), wire.f32(0.25)),
     wire.Verdict(BLOCK_ID, 3, 11),
+    wire.Verdict(BLOCK_ID, 1, 11, settled_by="recovery"),
+    wire.Verdict(
+        BLOCK_ID,
+        1,
+        -1,
+        wire.pack_ids([7]),
+        wire.pack_probs([0.5]),
+        wire.f32(0.5),
+        proposal_ids=wire.pack_ids([7, 9]),
+        proposal_p=wire.pack_probs([0.5, 0.1]),
+        proposal_u=wire.pack_probs([0.3, 0.9]),
+    ),  # fmt: skip
+    wire.Open(1, wire.pack_ids([1, 2, 3]), 3, 0.7, 5, 16, 0, 32),
     wire.CorrectionQuery(BLOCK_ID, "topk", 16, 64),
     wire.Correction(BLOCK_ID, "full", 0, b"", wire.pack_probs(torch.rand(96))),
     wire.Close(1),
@@ -60,6 +73,24 @@ GARBAGE = [
     msgpack.packb([7, True]),
     pickle.dumps(wire.Ping(1.0)),  # pickle is not accepted on the wire
 ]
+# Verdicts whose new fields (a rejection settled in the verdict, attached proposals) are inconsistent
+_IDS, _P = wire.pack_ids([7, 9]), wire.pack_probs([0.5, 0.1])
+BAD_VERDICTS = [
+    wire.Verdict(BLOCK_ID, 1, 11, settled_by="magic"),  # unknown settlement
+    wire.Verdict(BLOCK_ID, 1, -1, settled_by="recovery"),  # settled without a token
+    wire.Verdict(BLOCK_ID, 3, 11, settled_by="recovery"),  # settled, but every candidate was accepted
+    wire.Verdict(BLOCK_ID, 1, 11, proposal_ids=_IDS, proposal_p=_P, proposal_u=_P),  # proposals with a token
+    wire.Verdict(BLOCK_ID, 1, -1, proposal_ids=_IDS, proposal_p=_P),  # no uniforms
+    wire.Verdict(BLOCK_ID, 1, -1, proposal_ids=_IDS, proposal_p=_P, proposal_u=wire.pack_probs([0.5, 1.5])),
+    wire.Verdict(BLOCK_ID, 1, -1, proposal_ids=_IDS, proposal_p=wire.pack_probs([0.5, float("nan")]), proposal_u=_P),
+    wire.Verdict(
+        BLOCK_ID, 1, -1, proposal_ids=b"\0" * 4 * 4097, proposal_p=b"\0" * 4 * 4097, proposal_u=b"\0" * 4 * 4097
+    ),
+    wire.Open(1, wire.pack_ids([1, 2, 3]), 3, 0.7, 5, 16, 0, 4097),  # too many proposals asked for
+    wire.Open(1, wire.pack_ids([1, 2, 3]), 3, 0.7, 5, 16, 0, -1),
+]
+GARBAGE += [wire.encode(m) for m in BAD_VERDICTS]
+GARBAGE.append(msgpack.packb([3, [1, 2, 1, 4], 0, 5, b"", b"", 0.0, 7]))  # settled_by not a string
 
 
 @pytest.mark.parametrize("frame", GARBAGE)

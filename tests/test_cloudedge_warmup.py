@@ -21,10 +21,11 @@ class FakeEdge:
 
 def test_warm_up_before_the_first_run_and_after_each_restart(monkeypatch, tmp_path):
     timed_out_runs = {("weak", 5)}  # the measured weak run of the 5-request workload times out
-    calls = []
+    calls, sizes = [], []
 
     def fake_run_profile(edge, profile, cloud_port, workload, timeout_s):
-        kind = "warm-up" if workload.requests == 1 else "run"
+        kind = "warm-up" if workload.max_new_tokens == 8 else "run"
+        sizes.append(workload.requests)
         calls.append((kind, profile.name))
         timed_out = (profile.name, workload.requests) in timed_out_runs
         if timed_out:
@@ -39,7 +40,7 @@ def test_warm_up_before_the_first_run_and_after_each_restart(monkeypatch, tmp_pa
     monkeypatch.setattr(cloudedge.report, "run_metrics", fake_metrics)
     config = SimpleNamespace(
         methods=["asymspec"], scales=[40.0], profiles=["weak", "medium", "strong"], requests=5,
-        max_new_tokens=16, temperature=0.0, eps_req=0.0, seed=0, clients=None, rate_per_s=None,
+        max_new_tokens=16, temperatures=[0.0], eps_req=0.0, seed=0, clients=None, rate_per_s=None,
         run_timeout_s=10.0, block_size=7, dtype="fp32",
     )  # fmt: skip
     monkeypatch.setattr(cloudedge, "asdict", vars)
@@ -51,3 +52,4 @@ def test_warm_up_before_the_first_run_and_after_each_restart(monkeypatch, tmp_pa
         ("run", "strong"),  # still warm
     ]  # fmt: skip
     assert [r["profile"] for r in results] == ["weak", "medium", "strong"]
+    assert sizes[0] == 5 and sizes[2] == 1  # the invocation's first warm-up sends every prompt, later ones one

@@ -10,13 +10,15 @@ acceptance makes x3 the bonus token, a rejection makes x2 the residual draw."""
 
 from __future__ import annotations
 
+from collections import Counter
+
 import pytest
 import torch
 
-from asyncspec.cloudedge import cloud as cloud_module
 from asyncspec.cloudedge import protocol as wire
+from asyncspec.cloudedge import verdicts as verdicts_module
 from asyncspec.cloudedge.cloud import CloudRequest, CloudVerifier
-from asyncspec.cloudedge.correction import Ask, CorrectionPolicy, CorrectionSession, FidelityBudget
+from asyncspec.cloudedge.correction import Ask, CorrectionPolicy, CorrectionSession, Decided, FidelityBudget
 from asyncspec.decoding import speculative
 from asyncspec.decoding.result import DecodeConfig
 from asyncspec.decoding.standard_sd import decode_standard_sd
@@ -184,15 +186,18 @@ def test_sd_with_the_bonus_from_the_wrong_row_fails(monkeypatch):
 
 
 class EdgeOfOneRequest:
-    """What the edge does around the cloud's `_decide` and `_correction`, without sockets: draft one
-    candidate from the drafter's law, send it with q(candidate), settle the verdict, and run a
+    """What the edge does around the cloud's `verdicts.decide` and `verdicts.correction`, without
+    sockets: draft one candidate from the drafter's law, send it with q(candidate), settle the verdict, and run a
     rejection's correction session against the cloud's answers (exact: budget 0, first K = 1, so
     the session has to ask for proposals or the full distribution)."""
 
-    def __init__(self, draw: int, correct_with_zero_q: bool = False):
+    def __init__(self, draw: int, correct_with_zero_q: bool = False, first_proposals: int = 0, modes=None):
         self.cloud = CloudVerifier(TARGET)  # only its decision and correction logic is exercised here
         self.sampling = wire.Sampling(temperature=TEMPERATURE, seed=draw)
-        self.request = CloudRequest(prompt_len=1, sampling=self.sampling, first_k=1, epoch=0, state=None)
+        self.request = CloudRequest(
+            prompt_len=1, sampling=self.sampling, first_k=1, epoch=0, state=None, first_proposals=first_proposals
+        )
+        self.modes = modes if modes is not None else Counter()  # how each rejection was settled
         self.generator = torch.Generator().manual_seed(10_000_019 * (draw + 1))
         self.correct_with_zero_q = correct_with_zero_q
         self.output = [0]  # x1 is certain
@@ -208,17 +213,26 @@ class EdgeOfOneRequest:
         block_id = wire.BlockId(request=1, base=len(self.output), n=1, config=self.sampling.digest())
         block = wire.Block(block_id, self.output[-1], wire.pack_ids([candidate]), wire.pack_probs(q[[candidate]]))
         logits = torch.stack([TARGET.logits_after(tuple(self.output)), TARGET.logits_after((*self.output, candidate))])
-        verdict = self.cloud._decide(block, self.request, logits)
+        verdict = verdicts_module.decide(block, self.request, logits, self.cloud.target.greedy, self.cloud.counters)
+        if verdict.settled_by:
+            self.modes["in the verdict, by the cloud"] += 1
         self.output += [candidate][: verdict.accepted]
         self.output.append(verdict.token if verdict.token >= 0 else self.correct(block_id, verdict, q))
 
     def correct(self, block_id: wire.BlockId, verdict: wire.Verdict, q: torch.Tensor) -> int:
         q = torch.zeros_like(q) if self.correct_with_zero_q else q  # the control: [p - 0]+ = p
         session = CorrectionSession(q, FidelityBudget(0.0), CorrectionPolicy(), self.generator)
-        step = session.first(wire.unpack_ids(verdict.support_ids), wire.unpack_probs(verdict.support_p), verdict.tail)
+        attached = None
+        if verdict.proposal_ids:
+            unpack = wire.unpack_probs
+            attached = (wire.unpack_ids(verdict.proposal_ids), unpack(verdict.proposal_p), unpack(verdict.proposal_u))
+        support = wire.unpack_ids(verdict.support_ids)
+        step = session.first(support, wire.unpack_probs(verdict.support_p), verdict.tail, attached)
+        if attached is not None:
+            self.modes["in the verdict, by the edge" if isinstance(step, Decided) else "after a query"] += 1
         while isinstance(step, Ask):
             query = wire.CorrectionQuery(block_id, step.kind, step.start, step.stop)
-            answer = self.cloud._correction(query, self.request.pending, self.sampling)
+            answer = verdicts_module.correction(query, self.request.pending, self.sampling)
             ids, p = wire.unpack_ids(answer.ids), wire.unpack_probs(answer.p)
             if step.kind == "topk":
                 step = session.add_support(ids, p, answer.tail)
@@ -244,8 +258,33 @@ def test_cloud_correction_from_p_instead_of_the_residual_fails():
 
 
 def test_cloud_bonus_from_the_wrong_row_fails(monkeypatch):
-    monkeypatch.setattr(cloud_module, "probabilities", bonus_from_the_first_row(cloud_module.probabilities))
+    monkeypatch.setattr(verdicts_module, "probabilities", bonus_from_the_first_row(verdicts_module.probabilities))
     truth = two_token_law()
     measured = tv(empirical(lambda draw: EdgeOfOneRequest(draw).continuation()), truth)
     print(f"cloud, bonus from the wrong row: TV {measured:.4f}, noise floor {noise_floor(truth):.4f}")
+    assert measured > CONTROL_FACTOR * noise_floor(truth)
+
+
+# ---------------------------------------------------------------- a rejection settled in the verdict
+
+
+def test_rejections_settled_in_the_verdict_follow_the_target():
+    """The verdict carries round 0 of exact recovery: the cloud settles a rejection itself where it can
+    decide the round from q(rejected) and the bound q(v) <= 1 - q(rejected); otherwise the edge finishes
+    the round with the cloud's uniforms, and only when every proposal fails does it query again. Two
+    proposals per verdict, so that all three paths occur often."""
+    truth, modes = two_token_law(), Counter()
+    measured = tv(empirical(lambda draw: EdgeOfOneRequest(draw, first_proposals=2, modes=modes).continuation()), truth)
+    print(f"settled in the verdict: TV {measured:.4f}, noise floor {noise_floor(truth):.4f}, {dict(modes)}")
+    assert measured < noise_floor(truth)
+    assert min(modes.values()) > DRAWS // 100 and len(modes) == 3, modes
+
+
+def test_a_cloud_that_trusts_a_wrong_bound_on_q_fails(monkeypatch):
+    """Negative control: a bound below q(v) (here: q(v) <= 0 for every v but the rejected one) makes the
+    cloud accept the first other proposal, a draw from p instead of the residual."""
+    monkeypatch.setattr(verdicts_module, "Q_BOUND_SLACK", -1.0)
+    truth = two_token_law()
+    measured = tv(empirical(lambda draw: EdgeOfOneRequest(draw, first_proposals=2).continuation()), truth)
+    print(f"settled in the verdict, wrong bound: TV {measured:.4f}, noise floor {noise_floor(truth):.4f}")
     assert measured > CONTROL_FACTOR * noise_floor(truth)

@@ -64,6 +64,23 @@ def speculative_accept(
     return Verdict(n, int(bonus.item()))
 
 
+def first_rejection(
+    p: torch.Tensor,  # [n + 1, V] target probabilities after root, c1, ..., cn
+    q_of_candidates: Sequence[float],  # [n] q_i(c_i): all a compact uplink carries of the draft
+    candidates: Sequence[int],  # [n]
+    generator: torch.Generator,
+) -> int | None:
+    """The accept test of `speculative_accept` (accept c_i with probability min(1, p_i(c_i) / q_i(c_i)),
+    float64 uniforms) with only q(c_i) known: the index of the first rejected candidate, or None
+    when all are accepted. Settling the rejection needs the residual [p - q]+, that is all of q,
+    which stays at the edge (cloudedge/correction.py)."""
+    for i, (token, q) in enumerate(zip(candidates, q_of_candidates, strict=True)):
+        ratio = float(p[i, token]) / q if q > 0 else 0.0
+        if float(torch.rand((), generator=generator, dtype=torch.float64)) >= ratio:
+            return i
+    return None
+
+
 def probabilities(logits: torch.Tensor, temperature: float) -> torch.Tensor:
     """softmax(logits / T) over the last axis, float32; suppressed (-inf) entries get 0."""
     return torch.softmax(logits.float() / temperature, dim=-1)

@@ -7,10 +7,18 @@ edge process with the method's preset; the workload is driven through the edge's
 per committed token are the wire bytes the link process carried (ZeroMQ framing and pings included);
 the services' own message-byte counters are reported next to them.
 
-Exactness: every (method, scale, profile) run is checked against target-only decoding of the same
-prompts on full-length outputs: greedy runs directly, sampled runs by greedy check requests sent
-through the same edge and link profile right after the measured run. A mismatch, or a run that could
-not be checked in full (timed out), fails the command; a mismatched run is left out of every figure.
+Workload: `--requests N` prompts drawn from HumanEval and GSM8K (`--workload mixed`, the default: the
+shortest prompts of each, alternating, so that a 1.5B prefill on one core does not dominate the few
+tokens a run can afford) or from one of them. Request i carries seed `--seed` + i under every method and
+temperature, so every method samples from the same seeds. `--temperatures 0.7,0` runs every method at
+each temperature (greedy runs beside sampled ones); figures come with 95 % intervals over requests
+(cloudedge_report).
+
+Exactness: every (method, scale, profile, temperature) run is checked against target-only decoding of
+the same prompts on full-length outputs: greedy runs directly, sampled runs by greedy check requests
+sent through the same edge and link profile right after the measured run (unless a greedy run of the
+same method, scale and profile is in the grid: it is the check). A mismatch, or a run that could not be
+checked in full (timed out), fails the command; a mismatched run is left out of every figure.
 """
 
 from __future__ import annotations
@@ -39,6 +47,11 @@ from asyncspec.exactness import ExactnessCheck
 
 QWEN_PAIR = ("qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b")
 BYTES_SOURCE = "LinkProcess wire bytes per direction (ZeroMQ framing and pings included) / committed tokens"
+INTERVALS_NOTE = (
+    "95 % Student-t confidence intervals of the mean over a run's requests; throughput's interval is requests x "
+    "the mean per-request rate (a request's tokens / time from its send to its last token); two methods whose "
+    "intervals overlap are not separable"
+)
 
 
 @dataclass
@@ -47,10 +60,10 @@ class BenchConfig:
     methods: list[str]
     profiles: list[str]
     scales: list[float]
-    workload: str
+    workload: str  # "mixed" (HumanEval and GSM8K), "humaneval" or "gsm8k"
     requests: int
     max_new_tokens: int
-    temperature: float
+    temperatures: list[float]
     eps_req: float
     clients: int | None
     rate_per_s: float | None
@@ -62,17 +75,31 @@ class BenchConfig:
     seed: int
 
 
+WORKLOADS = ("mixed", "humaneval", "gsm8k")
+GSM8K_FORMAT = "plain"  # `Question: ...\nAnswer:`: no chat turns, so the prefill stays short
+
+
 def prompts_for(config: BenchConfig) -> list[str]:
+    count = max(config.requests, config.check_requests)
     if config.models == "tiny":
         from asyncspec.benchmarks.tiny_pair import tiny_prompts
 
-        return tiny_prompts(max(config.requests, config.check_requests), config.seed)
+        return tiny_prompts(count, config.seed)
     from asyncspec.data.workloads.tasks import load_tasks
 
-    # the shortest prompts of the workload: on two CPU cores a 1.5B prefill of a long prompt costs tens of
+    # the shortest prompts of each workload: on two CPU cores a 1.5B prefill of a long prompt costs tens of
     # seconds and would dominate the few tokens a run can afford, hiding the decoding methods' differences
-    prompts = sorted((task.prompt for task in load_tasks(config.workload)), key=len)
-    return prompts[: max(config.requests, config.check_requests)]
+    names = ["humaneval", "gsm8k"] if config.workload == "mixed" else [config.workload]
+    pools = [sorted((t.prompt for t in load_tasks(name, gsm8k_format=GSM8K_FORMAT)), key=len) for name in names]
+    return [pools[i % len(pools)][i // len(pools)] for i in range(count)]
+
+
+def prompt_sources(config: BenchConfig) -> list[str]:
+    """The workload each request's prompt came from (request i has seed config.seed + i)."""
+    if config.models == "tiny":
+        return ["tiny"] * config.requests
+    names = ["humaneval", "gsm8k"] if config.workload == "mixed" else [config.workload]
+    return [names[i % len(names)] for i in range(config.requests)]
 
 
 def model_paths(config: BenchConfig, scratch: Path) -> tuple[str, str]:
@@ -112,6 +139,9 @@ def run(args) -> int:
     tables = report.table_ii(kept)
     print(report.format_results(kept))
     print()
+    print("95 % intervals over requests (mean [lo, hi]; tok/s: requests x mean per-request rate)")
+    print(report.format_intervals(kept))
+    print()
     print(report.format_comparisons(summary))
     print()
     print(report.format_table_ii(tables))
@@ -131,6 +161,11 @@ def run(args) -> int:
         },
         "machine": machine,
         "bytes_per_token_source": BYTES_SOURCE,
+        "intervals": INTERVALS_NOTE,
+        "requests": [
+            {"index": i, "workload": w, "seed": config.seed + i, "prompt": p}
+            for i, (w, p) in enumerate(zip(prompt_sources(config), prompts, strict=False))
+        ],
         "cosine": COSINE_NOTE,
         "results": results,
         "comparisons": summary,
@@ -148,43 +183,57 @@ def run(args) -> int:
 def measure(
     config: BenchConfig, cloud_port: int, drafter: str, prompts: list[str], scratch: Path, partial: Path
 ) -> list[dict]:
-    """Every (method, scale, profile) run; each result is also appended to `partial` as it comes."""
-    workload = Workload(
-        prompts[: config.requests], config.requests, config.max_new_tokens, config.temperature, config.eps_req,
-        config.seed, config.clients, config.rate_per_s,
-    )  # fmt: skip
+    """Every (method, temperature, scale, profile) run; each result is also appended to `partial` as it comes."""
     results = []
     for method in config.methods:
         with EdgeProcess(edge_args(config, drafter, method), free_port(), scratch) as edge:
-            for scale in config.scales:
-                for name in config.profiles:
-                    if edge.cold:  # new, or restarted after a run that timed out
-                        warm_up(edge, cloud_port, workload, config.run_timeout_s)
-                    profile = resolve_profile(name, scale=scale)
-                    output = run_profile(edge, profile, cloud_port, workload, config.run_timeout_s)
-                    metrics = report.run_metrics(output)
-                    metrics["outputs"] = outputs_of(output)
-                    if config.temperature > 0:  # sampled outputs are checked through greedy requests
-                        metrics["check_outputs"] = greedy_check(edge, profile, cloud_port, config, prompts)
-                    results.append({"profile": name, "link_scale": scale, "method": method, **metrics})
-                    print(_progress(scale, name, method, metrics), flush=True)
-                    partial.write_text(json.dumps({"config": asdict(config), "results": results}, default=str))
-    order = {(s, p): i for i, (s, p) in enumerate((s, p) for s in config.scales for p in config.profiles)}
-    return sorted(results, key=lambda r: order[(r["link_scale"], r["profile"])])
+            for temperature in config.temperatures:
+                workload = Workload(
+                    prompts[: config.requests], config.requests, config.max_new_tokens, temperature,
+                    config.eps_req, config.seed, config.clients, config.rate_per_s,
+                )  # fmt: skip
+                for scale in config.scales:
+                    for name in config.profiles:
+                        if edge.cold:  # new, or restarted after a run that timed out
+                            warm_up(edge, cloud_port, workload, config.run_timeout_s, every_prompt=not results)
+                        profile = resolve_profile(name, scale=scale)
+                        output = run_profile(edge, profile, cloud_port, workload, config.run_timeout_s)
+                        metrics = report.run_metrics(output)
+                        metrics["outputs"] = outputs_of(output)
+                        if needs_greedy_check(config, temperature):  # checked through greedy requests
+                            metrics["check_outputs"] = greedy_check(edge, profile, cloud_port, config, prompts)
+                        result = {"profile": name, "link_scale": scale, "method": method, "temperature": temperature}
+                        results.append({**result, **metrics})
+                        print(_progress(scale, name, method, temperature, metrics), flush=True)
+                        partial.write_text(json.dumps({"config": asdict(config), "results": results}, default=str))
+    grid = [(t, s, p) for t in config.temperatures for s in config.scales for p in config.profiles]
+    order = {key: i for i, key in enumerate(grid)}
+    return sorted(results, key=lambda r: order[(r["temperature"], r["link_scale"], r["profile"])])
 
 
-def warm_up(edge: EdgeProcess, cloud_port: int, workload: Workload, timeout_s: float) -> None:
+def needs_greedy_check(config: BenchConfig, temperature: float) -> bool:
+    """A sampled run is vouched for by greedy check requests, unless the grid runs greedy itself."""
+    return temperature > 0 and 0 not in config.temperatures
+
+
+def warm_up(edge: EdgeProcess, cloud_port: int, workload: Workload, timeout_s: float, every_prompt=False) -> None:
     """One short unreported request through a fresh or restarted edge before its next measured run: a
     process's first forwards (allocations, kernel set-up) cost seconds, which would otherwise land on the
-    run after each start and bias the comparison between profiles."""
-    short = replace(workload, prompts=workload.prompts[:1], requests=1, max_new_tokens=min(8, workload.max_new_tokens))
+    run after each start and bias the comparison between profiles. Before the invocation's first run,
+    `every_prompt`: every prompt of the workload at once, so that the cloud's first prefills of these
+    prompts' shapes and its first multi-request batches fall on no method's measured run (the first
+    method's TTFT was 2-3x the second's on the Qwen pair without it)."""
+    count = workload.requests if every_prompt else 1
+    short = replace(
+        workload, prompts=workload.prompts[:count], requests=count, max_new_tokens=min(8, workload.max_new_tokens)
+    )
     if not run_profile(edge, resolve_profile("strong"), cloud_port, short, timeout_s).timed_out:
         edge.cold = False  # a warm-up that timed out restarted the edge: still cold
 
 
-def _progress(scale: float, profile: str, method: str, metrics: dict) -> str:
+def _progress(scale: float, profile: str, method: str, temperature: float, metrics: dict) -> str:
     return (
-        f"  scale {scale:g} {profile:<6} {method:<21} {metrics['throughput_tok_s']:7.3f} tok/s "
+        f"  scale {scale:g} T {temperature:g} {profile:<6} {method:<21} {metrics['throughput_tok_s']:7.3f} tok/s "
         f"({metrics['committed_tokens']} tokens, {metrics['completed']}/{metrics['requests']} done"
         f"{', TIMED OUT' if metrics['timed_out'] else ''})"
     )
@@ -205,15 +254,19 @@ def greedy_check(edge: EdgeProcess, profile, cloud_port: int, config: BenchConfi
     return outputs_of(run_profile(edge, profile, cloud_port, workload, 20 * config.run_timeout_s))
 
 
-def check_size(config: BenchConfig) -> dict:
-    """(requests, tokens) each run's exactness is checked on: the runs themselves when greedy."""
-    if config.temperature <= 0:
+def check_size(config: BenchConfig, temperature: float | None = None) -> dict:
+    """(requests, tokens) a run's exactness is checked on: the runs themselves when greedy (and, when
+    the grid runs greedy, the sampled runs are vouched for by those)."""
+    if temperature is None:
+        return {f"T {t:g}": check_size(config, t) for t in config.temperatures}
+    if temperature <= 0 or not needs_greedy_check(config, temperature):
         return {"requests": config.requests, "max_new_tokens": config.max_new_tokens}
     return {"requests": config.check_requests, "max_new_tokens": config.check_tokens}
 
 
 def run_name(result: dict) -> str:
-    return f"{result['method']} under {result['profile']} at link scale {result['link_scale']:g}"
+    at = f" at T {result['temperature']:g}" if "temperature" in result else ""
+    return f"{result['method']} under {result['profile']} at link scale {result['link_scale']:g}{at}"
 
 
 def check_exactness(config: BenchConfig, target: str, prompts: list[str], results: list[dict]) -> ExactnessCheck:
@@ -227,14 +280,31 @@ def check_exactness(config: BenchConfig, target: str, prompts: list[str], result
 
     torch.set_num_threads(1)
     model = cast(CausalLMBackend, load_decoder(target, config.dtype))  # the pair's target is a causal LM
-    size = check_size(config)
-    requests = {p: model.request(p, max_new_tokens=size["max_new_tokens"]) for p in prompts[: size["requests"]]}
-    expected = {p: decode_target_only(model, None, r).tokens for p, r in requests.items()}
     exactness = ExactnessCheck(model)
+    references: dict[tuple[int, int], tuple[dict, dict]] = {}
     for result in results:
-        outputs = result["outputs"] if config.temperature <= 0 else result["check_outputs"]
-        result["exact"] = check_run(exactness, result, outputs, requests, expected, size["requests"])
+        temperature = result["temperature"]
+        if temperature > 0 and not needs_greedy_check(config, temperature):
+            result["exact"] = None  # vouched for by the greedy run of the same method, scale and profile
+            continue
+        size = check_size(config, temperature)
+        shape = (size["requests"], size["max_new_tokens"])
+        if shape not in references:  # target-only once per (requests, tokens)
+            requests = {p: model.request(p, max_new_tokens=shape[1]) for p in prompts[: shape[0]]}
+            references[shape] = (requests, {p: decode_target_only(model, None, r).tokens for p, r in requests.items()})
+        requests, expected = references[shape]
+        outputs = result["outputs"] if temperature <= 0 else result["check_outputs"]
+        result["exact"] = check_run(exactness, result, outputs, requests, expected, shape[0])
+    _vouch_for_sampled_runs(results)
     return exactness
+
+
+def _vouch_for_sampled_runs(results: list[dict]) -> None:
+    """A sampled run shares the verdict of the greedy run of its method, scale and profile."""
+    greedy = {(r["method"], r["link_scale"], r["profile"]): r["exact"] for r in results if r["temperature"] <= 0}
+    for result in results:
+        if result["temperature"] > 0 and "check_outputs" not in result:
+            result["exact"] = greedy.get((result["method"], result["link_scale"], result["profile"]))
 
 
 def check_run(exactness: ExactnessCheck, result: dict, outputs, requests, expected, count: int) -> bool | None:
@@ -274,10 +344,10 @@ def config_from_args(args) -> BenchConfig:
         methods=parse_methods(args.methods),
         profiles=profiles,
         scales=scales,
-        workload=args.workload,
+        workload=args.workload or ("mixed" if models == "qwen" else "humaneval"),
         requests=pick("requests"),
         max_new_tokens=pick("max_new_tokens"),
-        temperature=args.temperature,
+        temperatures=_temperatures(args),
         eps_req=args.eps_req,
         clients=args.clients,
         rate_per_s=args.rate,
@@ -290,19 +360,35 @@ def config_from_args(args) -> BenchConfig:
     )
     if config.requests < 1 or config.max_new_tokens < 1 or config.run_timeout_s <= 0:
         raise InputError("--requests, --max-new-tokens and --run-timeout must be positive")
-    if config.temperature < 0 or config.eps_req < 0:
-        raise InputError("--temperature and --eps-req must be >= 0")
-    if config.temperature > 0 and (config.check_requests < 1 or config.check_tokens < 1):
+    if any(t < 0 for t in config.temperatures) or config.eps_req < 0:
+        raise InputError("--temperature(s) and --eps-req must be >= 0")
+    sampled = [t for t in config.temperatures if needs_greedy_check(config, t)]
+    if sampled and (config.check_requests < 1 or config.check_tokens < 1):
         raise InputError(
-            "sampled runs are checked by greedy requests: --check-requests and --check-tokens must be >= 1"
+            "sampled runs are checked by greedy requests (or add 0 to --temperatures): "
+            "--check-requests and --check-tokens must be >= 1"
         )
     return config
+
+
+def _temperatures(args) -> list[float]:
+    """--temperatures T1,T2 (each run at every one), or the single --temperature (default 0.7)."""
+    text = getattr(args, "temperatures", None)
+    if not text:
+        return [args.temperature if args.temperature is not None else 0.7]
+    try:
+        values = [float(t) for t in text.split(",") if t.strip()]
+    except ValueError as error:
+        raise InputError(f"--temperatures must be comma-separated numbers, not {text!r}") from error
+    if not values or len(set(values)) != len(values):
+        raise InputError("--temperatures needs distinct values")
+    return values
 
 
 # Quick defaults: tiny models finish the whole grid in about a minute; the real pair's defaults are sized
 # for minutes (1.5B verification costs ~0.75 s per width-1 and 2+ s per width-8 forward on one core).
 TINY_DEFAULTS = dict(requests=6, max_new_tokens=24, run_timeout=60.0, check_requests=4, check_tokens=24)
-QWEN_DEFAULTS = dict(requests=3, max_new_tokens=16, run_timeout=60.0, check_requests=2, check_tokens=12)
+QWEN_DEFAULTS = dict(requests=6, max_new_tokens=16, run_timeout=60.0, check_requests=2, check_tokens=12)
 
 
 def _qwen_prepared() -> bool:

@@ -17,134 +17,33 @@ outcomes, and a seeded request is reproducible (like target-only sampling with t
 
 from __future__ import annotations
 
-import hashlib
 import random
 import time
-from collections import Counter, deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 import torch
 import zmq
 
-from asyncspec.cloudedge import limits, validation
+from asyncspec.cloudedge import limits, validation, verdicts
 from asyncspec.cloudedge import protocol as wire
 from asyncspec.cloudedge.auth import CurveKeys, start_authenticator
+from asyncspec.cloudedge.batcher import BlockQueue
+from asyncspec.cloudedge.cloud_state import CloudConfig, CloudCounters, CloudRequest, PendingOpen
 from asyncspec.cloudedge.transport import Channel, TrafficCounters, make_socket
-from asyncspec.models.base import DecoderState
 from asyncspec.models.hf_causal import CausalLMBackend
 from asyncspec.models.selftest import require_invariant
-from asyncspec.verify import greedy_verify, probabilities, speculative_accept
 
-MAX_PROPOSALS = 4096
-
-
-@dataclass(frozen=True)
-class CloudConfig:
-    max_batch: int = 32  # blocks per target forward
-    max_queue: int = 1024  # queued blocks before new ones get Nack("busy")
-    batch_wait_s: float = 0.0  # wait up to this long for more blocks before a forward (0: form from what is queued)
-    decision_cache: int = 65_536  # cached replies for duplicates and retransmissions
-    decision_cache_bytes: int = limits.DEFAULT_REPLY_CACHE_BYTES  # ... and their bytes
-    max_requests: int = limits.DEFAULT_MAX_REQUESTS  # open requests (KV caches) in total
-    max_requests_per_peer: int = limits.DEFAULT_MAX_REQUESTS_PER_PEER
-    max_message_bytes: int = limits.DEFAULT_MAX_MESSAGE_BYTES  # larger frames are dropped by ZeroMQ
-    first_k_cap: int = 4096  # largest top-K accepted in an Open
-    max_block: int = 64  # candidates per block: the verification width (fp32 logits [n + 1, V] per block)
-    idle_request_s: float = 900.0  # a request not heard of this long (its edge is gone) is dropped
-    poll_ms: int = 20
-
-
-@dataclass
-class CloudCounters:
-    opens: int = 0
-    stale_opens: int = 0
-    rewinds: int = 0  # resynchronisations served by cropping the KV it already had
-    closes: int = 0
-    blocks: int = 0
-    answered_from_cache: int = 0  # duplicates / retransmissions of decided blocks
-    duplicate_in_queue: int = 0
-    superseded: int = 0  # queued blocks replaced by a different block at the same position (runahead)
-    nacks: Counter = field(default_factory=Counter)  # reason -> count
-    batches: int = 0
-    batched_blocks: int = 0
-    largest_batch: int = 0
-    batch_sizes: Counter = field(default_factory=Counter)
-    positions_verified: int = 0
-    accepted: int = 0
-    rejections: int = 0
-    corrections: Counter = field(default_factory=Counter)  # kind -> queries answered
-    pings: int = 0
-    idle_dropped: int = 0
-    invalid_frames: int = 0  # frames that failed the protocol's field checks
-    request_errors: int = 0  # requests failed by an error while serving them (the service goes on)
-    foreign_requests: int = 0  # messages naming a request another connection owns (refused)
-    refused_opens: int = 0  # new requests beyond the open-request limits (Nack "full")
-    forward_s: float = 0.0
-
-    def as_dict(self) -> dict:
-        out = dict(self.__dict__)
-        out["nacks"] = dict(self.nacks)
-        out["batch_sizes"] = {str(k): v for k, v in sorted(self.batch_sizes.items())}
-        out["corrections"] = dict(self.corrections)
-        return out
-
-
-@dataclass
-class PendingCorrection:
-    """The target distribution at a sampled rejection, kept until the correction is settled."""
-
-    id: wire.BlockId
-    p: torch.Tensor  # float32 [V]
-    order: torch.Tensor  # [V] token ids by descending p (stable): one ordered support for every K
-
-
-@dataclass
-class CloudRequest:
-    prompt_len: int
-    sampling: wire.Sampling
-    first_k: int
-    epoch: int
-    state: DecoderState
-    expected_root: int | None = None  # the cloud's own last token (greedy, bonus); None after an edge correction
-    pending: PendingCorrection | None = None
-    touched: float = field(default_factory=time.monotonic)
-
-
-@dataclass
-class PendingOpen:
-    """An accepted Open whose prefill has not run yet: prefills run when the request's first block
-    is taken into a batch, or while the cloud is idle — never inside the receive loop, where a
-    flood of Opens would hold up every other peer's blocks."""
-
-    identity: bytes
-    message: wire.Open
-    tokens: list[int]
-
-    @property
-    def epoch(self) -> int:
-        return self.message.epoch
-
-
-def derived_seed(*parts) -> int:
-    digest = hashlib.blake2b(repr(parts).encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") >> 1
-
-
-def seeded(*parts) -> torch.Generator:
-    return torch.Generator().manual_seed(derived_seed(*parts))
+__all__ = ["CloudConfig", "CloudRequest", "CloudVerifier"]
 
 
 class CloudVerifier:
-    def __init__(self, target: CausalLMBackend, config: CloudConfig = CloudConfig()):
+    def __init__(self, target: CausalLMBackend, config: CloudConfig | None = None):
         require_invariant(target, "the cloud verifier")  # every verdict must equal target-only decoding
         self.target = target
-        self.config = config
+        self.config = config or CloudConfig()
         self.instance = random.getrandbits(31)
         self.requests: dict[int, CloudRequest] = {}
-        self.queue: deque[tuple[bytes, wire.Block]] = deque()
-        self.queued: set[tuple[int, int]] = set()
-        self.reply_to: dict[tuple[int, int], bytes] = {}  # newest identity a queued block came from
+        self.queue = BlockQueue(self.config.max_queue)
         self.replies = limits.ReplyCache(self.config.decision_cache, self.config.decision_cache_bytes)
         self.quota = limits.RequestQuota(self.config.max_requests, self.config.max_requests_per_peer)
         self.opening: dict[int, PendingOpen] = {}  # request -> its Open waiting for a prefill
@@ -333,7 +232,7 @@ class CloudVerifier:
         if tokens:  # the same blocks as target-only decoding of this prompt (+ output so far)
             self.target.prefill_tokens(state, tokens, message.prompt_len)
         self.requests[request_id] = CloudRequest(
-            message.prompt_len, message.sampling, message.first_k, message.epoch, state
+            message.prompt_len, message.sampling, message.first_k, message.epoch, state, message.first_proposals
         )
 
     def _prefill_guarded(self, request_id: int, identity: bytes, message: wire.Message) -> bool:
@@ -359,6 +258,7 @@ class CloudVerifier:
         if state.length > len(tokens):
             self.target.rollback(state, len(tokens))
         request.epoch, request.first_k = message.epoch, message.first_k
+        request.first_proposals = message.first_proposals
         request.pending, request.expected_root = None, None
         self.counters.rewinds += 1
         return True
@@ -383,30 +283,17 @@ class CloudVerifier:
 
     def _admit(self, identity: bytes, block: wire.Block) -> None:
         self.counters.blocks += 1
-        key = block.id.key()
-        if self._resend_cached(identity, key):
+        if self._resend_cached(identity, block.id.key()):
             return
-        if key in self.queued:
-            if not self._supersede(identity, block):
-                self.counters.duplicate_in_queue += 1
-                self.reply_to[key] = identity  # the edge may have reconnected: answer its newest socket
-            return
-        if len(self.queue) >= self.config.max_queue:
+        admission, replaced = self.queue.admit(identity, block)
+        if admission == "duplicate":
+            self.counters.duplicate_in_queue += 1
+        elif admission == "busy":
             self._nack(identity, block.id.request, block.id.base, "busy")
-            return
-        self.queue.append((identity, block))
-        self.queued.add(key)
-
-    def _supersede(self, identity: bytes, block: wire.Block) -> bool:
-        """A different block at a queued block's position replaces it: a runahead edge discarded the
-        queued one (its presumed prefix did not hold) and drafted this one from the confirmed prefix."""
-        for index, (queued_identity, queued) in enumerate(self.queue):
-            if queued.id.key() == block.id.key() and queued != block:
-                self.queue[index] = (identity, block)
-                self.counters.superseded += 1
-                self._nack(queued_identity, queued.id.request, queued.id.base, "stale")
-                return True
-        return False
+        elif admission == "superseded":
+            self.counters.superseded += 1
+            replaced_identity, replaced_block = replaced
+            self._nack(replaced_identity, replaced_block.id.request, replaced_block.id.base, "stale")
 
     def _problem(self, block: wire.Block) -> tuple[str, str] | None:
         """Why this block cannot be verified against its request's confirmed prefix: (Nack reason,
@@ -428,33 +315,21 @@ class CloudVerifier:
             return "stale", ""
         return None
 
-    def _take_batch(self) -> list[tuple[bytes, wire.Block]]:
-        batch, requests, deferred = [], set(), []
-        while self.queue and len(batch) < self.config.max_batch:
-            identity, block = self.queue.popleft()
-            self.queued.discard(block.id.key())
-            identity = self.reply_to.pop(block.id.key(), identity)
-            if block.id.request in requests:  # never two blocks of one request in a forward
-                deferred.append((identity, block))
-                continue
-            if self._resend_cached(identity, block.id.key()):
-                continue
-            pending = block.id.request in self.opening
-            if pending and not self._prefill_guarded(block.id.request, identity, block):
-                continue
-            problem = self._problem(block)
-            if problem:
-                self._nack(identity, block.id.request, block.id.base, *problem)
-                continue
-            batch.append((identity, block))
-            requests.add(block.id.request)
-        for item in reversed(deferred):
-            self.queue.appendleft(item)
-            self.queued.add(item[1].id.key())
-        return batch
+    def _usable(self, identity: bytes, block: wire.Block) -> bool:
+        """Can this block be verified in the coming step? Otherwise it is answered here (from the
+        reply cache, or with a Nack) and leaves the queue."""
+        if self._resend_cached(identity, block.id.key()):
+            return False
+        pending = block.id.request in self.opening
+        if pending and not self._prefill_guarded(block.id.request, identity, block):
+            return False
+        problem = self._problem(block)
+        if problem:
+            self._nack(identity, block.id.request, block.id.base, *problem)
+        return problem is None
 
     def run_batch(self) -> None:
-        batch = self._take_batch()
+        batch = self.queue.take(self.config.max_batch, self._usable)
         if not batch:
             return
         requests = [self.requests[block.id.request] for _, block in batch]
@@ -474,47 +349,11 @@ class CloudVerifier:
 
     def _answer(self, identity: bytes, block: wire.Block, request: CloudRequest, logits: torch.Tensor) -> None:
         self.counters.positions_verified += logits.shape[0]
-        verdict = self._decide(block, request, logits)
+        verdict = verdicts.decide(block, request, logits, self.target.greedy, self.counters)
         keep = block.id.base + verdict.accepted
         if request.state.length > keep:
             self.target.rollback(request.state, keep)
         self._send(identity, verdict, block.id.key())
-
-    def _decide(self, block: wire.Block, request: CloudRequest, logits: torch.Tensor) -> wire.Verdict:
-        """logits [n + 1, V]: row i predicts the token after root, c1, ..., ci."""
-        candidates = wire.unpack_ids(block.candidates)
-        request.pending = None
-        if request.sampling.greedy:
-            outcome = greedy_verify(self.target.greedy(logits), candidates)
-            return self._settled(block, request, outcome.accepted, outcome.next_token)
-        p = probabilities(logits, request.sampling.temperature)
-        generator = seeded(request.sampling.seed, block.id.base, "accept")
-        if block.q_full:  # baseline: the full draft distribution came up, the cloud corrects itself
-            q = wire.unpack_probs(block.q_full).reshape(len(candidates), -1)
-            outcome = speculative_accept(p, q, candidates, generator)
-            return self._settled(block, request, outcome.accepted, outcome.next_token)
-        q_of_candidates = wire.unpack_probs(block.q).tolist()
-        for i, (token, q) in enumerate(zip(candidates, q_of_candidates, strict=True)):
-            ratio = float(p[i, token]) / q if q > 0 else 0.0
-            if float(torch.rand((), generator=generator, dtype=torch.float64)) >= ratio:
-                return self._rejected(block, request, i, p[i])
-        bonus = int(torch.multinomial(p[len(candidates)], 1, generator=generator))
-        return self._settled(block, request, len(candidates), bonus)
-
-    def _settled(self, block: wire.Block, request: CloudRequest, accepted: int, token: int) -> wire.Verdict:
-        self.counters.accepted += accepted
-        request.expected_root = token
-        return wire.Verdict(block.id, accepted, token)
-
-    def _rejected(self, block: wire.Block, request: CloudRequest, index: int, p: torch.Tensor) -> wire.Verdict:
-        self.counters.accepted += index
-        self.counters.rejections += 1
-        order = torch.argsort(p, descending=True, stable=True)
-        request.pending = PendingCorrection(block.id, p, order)
-        request.expected_root = None
-        head = order[: request.first_k]
-        tail = float(p[order[request.first_k :]].double().sum())
-        return wire.Verdict(block.id, index, -1, wire.pack_ids(head), wire.pack_probs(p[head]), wire.f32(tail))
 
     # ------------------------------------------------------------ corrections
 
@@ -528,23 +367,7 @@ class CloudVerifier:
             self._nack(identity, query.id.request, query.id.base, "stale")
             return
         self.counters.corrections[query.kind] += 1
-        self._send(identity, self._correction(query, pending, request.sampling), key)
-
-    def _correction(self, query: wire.CorrectionQuery, pending: PendingCorrection, sampling) -> wire.Correction:
-        p = pending.p
-        if query.kind == "topk":
-            stop = min(max(query.stop, query.start), p.numel())
-            ids = pending.order[query.start : stop]
-            tail = float(p[pending.order[stop:]].double().sum())
-            return wire.Correction(
-                query.id, "topk", query.start, wire.pack_ids(ids), wire.pack_probs(p[ids]), wire.f32(tail)
-            )
-        if query.kind == "proposals":
-            count = min(max(query.stop, 1), MAX_PROPOSALS)
-            generator = seeded(sampling.seed, query.id.base, "proposals", query.start)
-            ids = torch.multinomial(p, count, replacement=True, generator=generator)
-            return wire.Correction(query.id, "proposals", query.start, wire.pack_ids(ids), wire.pack_probs(p[ids]))
-        return wire.Correction(query.id, "full", 0, b"", wire.pack_probs(p))
+        self._send(identity, verdicts.correction(query, pending, request.sampling), key)
 
     def summary(self) -> dict:
         return {

@@ -5,7 +5,10 @@ holding only q (its draft state Q_i) and whatever the cloud sends of p. A `Corre
 is that decision as a small state machine: it is fed what the cloud returned and answers either
 `Decided(token, ...)` or `Ask(kind, start, stop)` for the next, richer query:
 
-  top-K support (K from the schedule, growing monotonically over the same ordered support)
+  exact recovery with the proposals (and uniforms) the rejecting verdict carried, when it did: no
+    round trip, nothing charged (the cloud settles the rejection itself where it can decide this
+    round from q(rejected) alone; the edge finishes the round otherwise)
+  -> top-K support (K from the schedule, growing monotonically over the same ordered support)
     -> bounded draw from a_v / Z_S when Z_S > 0 and eps_bar_K fits the request's remaining budget
   -> exact recovery: N proposals v ~ p, accept v with [1 - q(v)/p(v)]+ (first accepted is exact)
   -> the full distribution p (exact residual).
@@ -28,12 +31,20 @@ from asyncspec.verify import exact_recovery, residual, tv_certificate
 class CorrectionPolicy:
     k_schedule: tuple[int, ...] = (16, 64, 256, 1024)  # top-K sizes, first one comes with the verdict
     proposals: int = 32  # exact-recovery proposals per query
-    proposal_rounds: int = 1  # queries of proposals before the full distribution
+    proposal_rounds: int = 1  # rounds of proposals (the verdict's included) before the full distribution
     full_only: bool = False  # ablation "no top-K": the full distribution on every rejection
+    verdict_proposals: int = 32  # proposals a rejecting verdict carries (0: the edge queries for them)
 
     @property
     def first_k(self) -> int:
         return 0 if self.full_only or not self.k_schedule else self.k_schedule[0]
+
+    @property
+    def first_proposals(self) -> int:
+        """Proposals to ask the cloud to attach to a rejecting verdict (round 0 of exact recovery)."""
+        if self.full_only or self.proposals <= 0 or self.proposal_rounds <= 0:
+            return 0
+        return self.verdict_proposals
 
 
 @dataclass
@@ -59,7 +70,9 @@ class FidelityBudget:
 @dataclass(frozen=True)
 class Decided:
     token: int
-    mode: str  # "topk" (bounded, eps charged; exact when eps == 0), "exact" (proposals), "full"
+    # "topk" (bounded, eps charged; exact when eps == 0), "exact" (proposals, decided at the edge),
+    # "full"; settled by the cloud inside the verdict: "cloud" (exact recovery), "residual" (full uplink)
+    mode: str
     k: int = 0  # support size used by a top-K draw
     eps: float = 0.0  # charged certificate
 
@@ -71,23 +84,32 @@ class Ask:
     stop: int = 0  # topk: support size wanted; proposals: how many
 
 
+MODES = ("cloud", "residual", "exact", "topk", "full")
+
+
 @dataclass
 class CorrectionCounts:
-    """Per request: how rejections were settled (#7's benchmark reads these)."""
+    """Per request: how rejections were settled and how many round trips each mode took."""
 
     topk: Counter = field(default_factory=Counter)  # K -> bounded draws at that support size
-    exact: int = 0
+    exact: int = 0  # exact recovery decided at the edge (verdict's or queried proposals)
     full: int = 0
+    cloud: int = 0  # exact recovery the cloud decided inside the verdict
+    residual: int = 0  # full-uplink baselines: the cloud drew from [p - q]+ inside the verdict
     queries: int = 0  # correction round trips beyond the verdict
+    rounds: Counter = field(default_factory=Counter)  # mode -> correction round trips it took in all
+    in_verdict: int = 0  # corrections settled with no round trip beyond the verdict
     eps_charged: float = 0.0
 
-    def observe(self, decided: Decided) -> None:
+    def observe(self, decided: Decided, rounds: int = 0) -> None:
         if decided.mode == "topk":
             self.topk[decided.k] += 1
-        elif decided.mode == "exact":
-            self.exact += 1
+        elif decided.mode in ("exact", "full", "cloud", "residual"):
+            setattr(self, decided.mode, getattr(self, decided.mode) + 1)
         else:
-            self.full += 1
+            raise ValueError(f"unknown correction mode {decided.mode!r}")
+        self.rounds[decided.mode] += rounds
+        self.in_verdict += rounds == 0
         self.eps_charged += decided.eps
 
     def as_dict(self) -> dict:
@@ -95,7 +117,11 @@ class CorrectionCounts:
             "topk": {str(k): n for k, n in sorted(self.topk.items())},
             "exact": self.exact,
             "full": self.full,
+            "cloud": self.cloud,
+            "residual": self.residual,
             "queries": self.queries,
+            "rounds": {mode: self.rounds[mode] for mode in MODES if self.rounds[mode]},
+            "in_verdict": self.in_verdict,
             "eps_charged": self.eps_charged,
         }
 
@@ -118,10 +144,26 @@ class CorrectionSession:
         self.p = torch.empty(0)
         self.round = 0
 
-    def first(self, ids: list[int], p: torch.Tensor, tail: float) -> Decided | Ask:
-        """The verdict's own top-K (possibly none, under the full-only ablation)."""
-        if self.policy.full_only or not ids:
+    def first(
+        self,
+        ids: list[int],
+        p: torch.Tensor,
+        tail: float,
+        proposals: tuple[list[int], torch.Tensor, torch.Tensor] | None = None,
+    ) -> Decided | Ask:
+        """The verdict's own top-K (possibly none, under the full-only ablation), after the exact-recovery
+        round it carried, if any: (proposal ids, their p, the cloud's uniforms). That round goes first:
+        it is exact and free, and the cloud's uniforms must be the ones used, since whether the cloud
+        settled the rejection itself depended on them."""
+        if proposals is not None and proposals[0]:
+            self.round += 1
+            token = exact_recovery(proposals[0], proposals[1], self.q[proposals[0]], proposals[2].double())
+            if token is not None:
+                return Decided(token, "exact")
+        if self.policy.full_only:
             return Ask("full")
+        if not ids:
+            return self._exact_or_full()
         return self.add_support(ids, p, tail)
 
     def add_support(self, ids: list[int], p: torch.Tensor, tail: float) -> Decided | Ask:

@@ -26,6 +26,9 @@ target distribution (eps_req = 0).
   no-pipeline               ablation "no pipeline": AsymSpec's protocol, stop-and-wait scheduling.
   no-pipeline-runahead      ablation "no pipeline + runahead": AsymSpec's protocol, stop-and-wait
                             across requests, same-request runahead (depth 2) instead of the pipeline.
+  asymspec-adaptive         ablation "+ adaptive block length" (an addition to the paper): AsymSpec with
+                            each request's block length chosen from its running acceptance
+                            (EdgePolicy.gamma_for).
 """
 
 from __future__ import annotations
@@ -50,7 +53,7 @@ COSINE_NOTE = (
 )
 
 BASELINES = ("standard", "runahead", "cosine")
-ABLATIONS = ("no-asym-topk", "no-topk", "no-pipeline", "no-pipeline-runahead")
+ABLATIONS = ("no-asym-topk", "no-topk", "no-pipeline", "no-pipeline-runahead", "asymspec-adaptive")
 METHODS = ("asymspec", *BASELINES, *ABLATIONS)
 # Seed 002 Table II row labels.
 TABLE_II_LABELS = {
@@ -59,6 +62,7 @@ TABLE_II_LABELS = {
     "no-topk": "No top-K",
     "no-pipeline": "No pipeline",
     "no-pipeline-runahead": "No pipeline + runahead",
+    "asymspec-adaptive": "+ adaptive block length",
 }
 
 
@@ -75,10 +79,11 @@ def method_policy(name: str, base: EdgePolicy | None = None) -> EdgePolicy:
         "no-topk": dict(correction=full_only),
         "no-pipeline": dict(pipeline=False),
         "no-pipeline-runahead": dict(pipeline=False, runahead=True, runahead_depth=RUNAHEAD_DEPTH),
+        "asymspec-adaptive": dict(adaptive_gamma=True),
     }
     if name not in presets:
         raise InputError(f"unknown method {name!r}; choose from {', '.join(METHODS)}")
-    settings = dict(uplink="compact", pipeline=True, runahead=False, draft_min_confidence=None)
+    settings = dict(uplink="compact", pipeline=True, runahead=False, draft_min_confidence=None, adaptive_gamma=False)
     return replace(base, **{**settings, **presets[name]})
 
 

@@ -12,12 +12,15 @@ confirmed-prefix pipeline across requests. Ablations / baselines (seed 002 §V):
     earlier blocks fully accepted and their bonus token equal to the drafter's own guess; a verdict
     that disagrees invalidates them (counted). The only mode that breaks N_open <= 1, and only when set;
   - `draft_min_confidence`: stop a block early after a candidate the drafter is less sure of
-    (adaptive speculation length; the CoSine-style baseline uses it).
+    (adaptive speculation length; the CoSine-style baseline uses it);
+  - `adaptive_gamma`: choose each request's block length from its running acceptance (`gamma_for`);
+    off for `asymspec`, on for the ablation `asymspec-adaptive`.
 The named presets (asymspec, standard, runahead, cosine, ablations) are in `cloudedge/methods.py`.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from asyncspec.cloudedge.correction import CorrectionPolicy
@@ -34,6 +37,10 @@ class EdgePolicy:
     runahead: bool = False
     runahead_depth: int = 2  # blocks drafted ahead of a request's oldest open block (runahead only)
     draft_min_confidence: float | None = None  # adaptive block length: stop after a less likely candidate
+    adaptive_gamma: bool = False  # block length per request from its running acceptance (gamma_for)
+    gamma_min: int = 1
+    gamma_max: int = 12
+    acceptance_decay: float = 0.7  # weight of the past per block in the running acceptance
     max_active: int = 256  # requests drafting / verifying at once; later submissions wait in order
     max_waiting: int = 4096  # submissions waiting beyond that get an error (back-pressure)
     heartbeat_s: float = 0.5  # ping period
@@ -49,6 +56,15 @@ class EdgePolicy:
             raise ValueError("block_size must be >= 0")
         if self.runahead_depth < 1:
             raise ValueError("runahead_depth must be >= 1")
+        if not 1 <= self.gamma_min <= self.gamma_max or not 0 <= self.acceptance_decay <= 1:
+            raise ValueError("need 1 <= gamma_min <= gamma_max and 0 <= acceptance_decay <= 1")
+
+    def gamma_for(self, acceptance: float) -> int:
+        """Block length for a per-candidate acceptance rate a: the expected run of accepted candidates,
+        a / (1 - a) (geometric), rounded up and clipped to [gamma_min, gamma_max]. Candidates beyond it
+        are more likely wasted than accepted, and each costs drafting and a verification position."""
+        a = min(max(acceptance, 0.0), 0.99)
+        return max(self.gamma_min, min(self.gamma_max, math.ceil(a / (1 - a) - 1e-9)))
 
     @property
     def max_open_per_request(self) -> int:

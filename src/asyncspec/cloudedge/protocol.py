@@ -112,6 +112,9 @@ class Open(Message):
     seed: int
     first_k: int  # top-K support size to return with a rejection verdict (0: none)
     epoch: int  # resynchronisations so far: a late duplicate Open (lower epoch) is ignored
+    # exact-recovery proposals a rejecting verdict carries (0: none; the edge queries for them), and
+    # with them the cloud settles a rejection itself wherever it can decide the recovery exactly
+    first_proposals: int = 0
 
     @property
     def sampling(self) -> Sampling:
@@ -132,8 +135,9 @@ class Block(Message):
 
 @dataclass(frozen=True)
 class Verdict(Message):
-    """cloud -> edge: `accepted` leading candidates, then either the cloud's own token (greedy,
-    or bonus after full acceptance) or, after a sampled rejection, a first top-K support."""
+    """cloud -> edge: `accepted` leading candidates, then either the cloud's own token (greedy, bonus
+    after full acceptance, or a rejection the cloud settled itself: `settled_by`) or, after a sampled
+    rejection left open, a first top-K support and the first round of exact-recovery proposals."""
 
     code: ClassVar[int] = 3
     id: BlockId
@@ -142,6 +146,12 @@ class Verdict(Message):
     support_ids: bytes = b""  # uint32 [K] target top-K at the rejected position, by descending p
     support_p: bytes = b""  # float32 [K] their target probabilities
     tail: float = 0.0  # float32: target mass outside the support (delta_p)
+    # "" (no rejection settled here), "recovery" (the cloud decided exact recovery from q(rejected) and
+    # the bound q(v) <= 1 - q(rejected)), "residual" (full-uplink baselines: drawn from [p - q]+)
+    settled_by: str = ""
+    proposal_ids: bytes = b""  # uint32 [N] exact-recovery proposals v ~ p (round 0), token == -1 only
+    proposal_p: bytes = b""  # float32 [N] p(v)
+    proposal_u: bytes = b""  # float32 [N] the uniforms the cloud decided with: the edge must use them
 
 
 @dataclass(frozen=True)
@@ -257,6 +267,7 @@ MESSAGES: dict[int, type[Message]] = {
 }
 NACK_REASONS = frozenset({"unknown", "stale", "busy", "invalid", "full"})
 CORRECTION_KINDS = frozenset({"topk", "proposals", "full"})
+SETTLED_BY = frozenset({"", "recovery", "residual"})
 _WIRE_TYPES = {
     "int": (int,),
     "float": (float, int),

@@ -3,6 +3,7 @@ the fidelity budget, and the figures a benchmark needs (TTFT, per-token times, b
 
 from __future__ import annotations
 
+import secrets
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -11,10 +12,21 @@ from dataclasses import dataclass, field
 import torch
 
 from asyncspec.cloudedge import protocol as wire
+from asyncspec.cloudedge import validation
 from asyncspec.cloudedge.correction import Ask, CorrectionCounts, CorrectionSession, FidelityBudget
 from asyncspec.decoding.drafter import PrefixDrafter
+from asyncspec.sampling import make_generator
 
 Emit = Callable[[dict], None]  # receives {"type": "token" | "done" | "error", ...}
+
+
+@dataclass
+class CloudInfo:
+    """What the edge learned of its cloud from a Pong."""
+
+    instance: int
+    vocab_size: int
+    max_length: int
 
 
 @dataclass
@@ -43,6 +55,7 @@ class RequestStats:
     invalidated_draft_s: float = 0.0
     promoted_blocks: int = 0  # runahead blocks whose presumption held
     max_open_blocks: int = 0  # most blocks of this request open at once
+    gammas: Counter = field(default_factory=Counter)  # adaptive block length: block size -> blocks drafted
 
     def as_dict(self) -> dict:
         start = self.submitted
@@ -70,7 +83,29 @@ class RequestStats:
             "invalidated_draft_s": self.invalidated_draft_s,
             "promoted_blocks": self.promoted_blocks,
             "max_open_blocks": self.max_open_blocks,
+            "gammas": {str(k): n for k, n in sorted(self.gammas.items())},
         }
+
+
+@dataclass
+class RunningAcceptance:
+    """The request's per-candidate acceptance rate, decayed per block so that it follows the text: each
+    verdict tests the accepted candidates and, after a rejection, the rejected one (candidates after it
+    were never tested). Starts from a prior worth `prior_weight` tested candidates."""
+
+    prior: float = 0.75
+    prior_weight: float = 4.0
+    hits: float = 0.0
+    trials: float = 0.0
+
+    def observe(self, accepted: int, drafted: int, decay: float) -> None:
+        tested = accepted + (1 if accepted < drafted else 0)
+        self.hits = decay * self.hits + accepted
+        self.trials = decay * self.trials + tested
+
+    @property
+    def estimate(self) -> float:
+        return (self.hits + self.prior * self.prior_weight) / (self.trials + self.prior_weight)
 
 
 @dataclass
@@ -85,6 +120,7 @@ class OpenBlock:
     accepted: int | None = None  # from the verdict
     session: CorrectionSession | None = None
     asked: Ask | None = None  # the correction query in flight
+    queries: int = 0  # correction round trips this block's rejection has taken so far
     draft_s: float = 0.0
     size: int = 0  # uplink bytes of its Block message
 
@@ -110,6 +146,7 @@ class EdgeRequest:
     epoch: int = 0
     limit: int = 0
     stats: RequestStats = field(default_factory=RequestStats)
+    acceptance: RunningAcceptance = field(default_factory=RunningAcceptance)
 
     def presumed(self) -> list[int]:
         """Generated tokens as runahead presumes them: every open block fully accepted, each bonus guessed."""
@@ -124,7 +161,7 @@ class EdgeRequest:
     def confirmed(self) -> list[int]:
         return [*self.prompt, *self.generated]
 
-    def open_message(self, first_k: int) -> wire.Open:
+    def open_message(self, first_k: int, first_proposals: int = 0) -> wire.Open:
         """What the cloud must prefill: the confirmed prefix without its last token (the next root)."""
         tokens = self.confirmed[:-1]
         return wire.Open(
@@ -135,4 +172,26 @@ class EdgeRequest:
             self.sampling.seed,
             first_k,
             self.epoch,
+            first_proposals,
         )
+
+
+def new_request(prompt_ids, max_new_tokens: int, sampling: wire.Sampling, eps_req: float, emit: Emit) -> EdgeRequest:
+    """A submission, validated (ValueError says what is wrong), under an unpredictable id: another
+    peer cannot guess it and touch the request."""
+    if not prompt_ids:
+        raise ValueError("the prompt is empty")
+    if not 0 <= eps_req <= 1 or max_new_tokens < 1:
+        raise ValueError("eps_req must be within [0, 1] and max_new_tokens >= 1")
+    problem = validation.sampling_problem(sampling.temperature, sampling.seed)
+    if problem:
+        raise ValueError(problem)
+    return EdgeRequest(
+        secrets.randbits(64),
+        tuple(int(t) for t in prompt_ids),
+        sampling,
+        max_new_tokens,
+        FidelityBudget(eps_req),
+        emit,
+        make_generator((sampling.seed + 0x5EED) % 2**64),  # the edge's own stream, independent of the cloud's
+    )

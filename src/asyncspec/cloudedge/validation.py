@@ -31,6 +31,7 @@ MAX_BLOCK_CANDIDATES = 256  # no edge policy drafts more; the cloud's own cap (m
 MAX_WIRE_TOKENS = 1 << 20  # tokens in one Open: far beyond any model's positions
 MAX_QUERY_INDEX = 1 << 24  # top-K / proposal-round indices: far beyond any vocabulary
 MAX_TEXT_CHARS = 200_000  # a Generate prompt: the edge tokenizes it in its loop thread, so it stays short
+MAX_PROPOSALS = 4096  # exact-recovery proposals in one Verdict or Correction
 PROBABILITY_SLACK = 1e-6  # float32 softmax outputs may exceed 1 by an ulp
 
 
@@ -93,6 +94,7 @@ def _open_fields(m: wire.Open) -> str | None:
         sampling_problem(m.temperature, m.seed),
         _range_problem("first_k", m.first_k, 0, MAX_QUERY_INDEX),
         _range_problem("epoch", m.epoch, 0, UINT32_MAX),
+        _range_problem("first_proposals", m.first_proposals, 0, MAX_PROPOSALS),
     )
 
 
@@ -113,12 +115,25 @@ def _block_fields(m: wire.Block) -> str | None:
 def _verdict_fields(m: wire.Verdict) -> str | None:
     if len(m.support_ids) != len(m.support_p) or len(m.support_ids) % 4:
         return "Verdict: support ids and probabilities disagree"
+    proposals = (m.proposal_ids, m.proposal_p, m.proposal_u)
+    if len({len(a) for a in proposals}) != 1 or len(m.proposal_ids) % 4:
+        return "Verdict: proposal ids, probabilities and uniforms disagree"
+    if len(m.proposal_ids) > 4 * MAX_PROPOSALS:
+        return f"Verdict: more than {MAX_PROPOSALS} proposals"
+    if m.settled_by not in wire.SETTLED_BY:
+        return f"unknown settlement {m.settled_by!r}"
+    if m.settled_by and (m.token < 0 or m.accepted >= m.id.n):
+        return "Verdict: a settled rejection needs a token and a rejected candidate"
+    if m.proposal_ids and m.token >= 0:
+        return "Verdict: proposals come only with an open correction"
     return _first(
         _block_id_problem(m.id),
         _range_problem("accepted", m.accepted, 0, m.id.n),
         _range_problem("token", m.token, -1, UINT32_MAX),
         probabilities_problem(m.support_p, "support_p"),
         _mass_problem(m.tail, "tail"),
+        probabilities_problem(m.proposal_p, "proposal_p"),
+        probabilities_problem(m.proposal_u, "proposal_u"),
     )
 
 
@@ -222,7 +237,7 @@ def reply_problem(message: wire.Message, vocab_size: int) -> str | None:
     if isinstance(message, wire.Verdict):
         if message.token >= vocab_size:
             return f"the cloud's token {message.token} is outside the vocabulary ({vocab_size})"
-        ids = message.support_ids
+        ids = message.support_ids + message.proposal_ids
     elif isinstance(message, wire.Correction):
         ids = message.ids
     values = np.frombuffer(ids, dtype="<u4")

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 # the method names of asyncspec.cloudedge.methods, repeated so that building the parser imports no torch
 # (`asyncspec link` shares this parser and must start fast)
-METHOD_NAMES = "asymspec,standard,runahead,cosine,no-asym-topk,no-topk,no-pipeline,no-pipeline-runahead"
+METHOD_NAMES = (
+    "asymspec,standard,runahead,cosine,no-asym-topk,no-topk,no-pipeline,no-pipeline-runahead,asymspec-adaptive"
+)
 
 
 CLOUDEDGE_HELP = "AsymSpec vs baselines and ablations over emulated weak/medium/strong links"
@@ -17,12 +19,15 @@ def add_cloudedge_arguments(bench) -> None:
     bench.add_argument("--methods", default="all", help=f"comma-separated, or all: {METHOD_NAMES}")
     bench.add_argument("--profiles", default="weak,medium,strong")
     bench.add_argument("--link-scales", help="comma-separated link scales (default: 1 and DEFAULT_LINK_SCALE=40)")
-    bench.add_argument("--workload", choices=["humaneval", "gsm8k"], default="humaneval", help="prompts (qwen)")
-    bench.add_argument("--requests", type=int, help="requests per run (default: tiny 6, qwen 3)")
+    bench.add_argument(
+        "--workload", choices=["mixed", "humaneval", "gsm8k"], help="qwen prompts (default: mixed, both alternating)"
+    )
+    bench.add_argument("--requests", type=int, help="requests per run, seed SEED+i each (default: tiny 6, qwen 6)")
     bench.add_argument("--max-new-tokens", type=int, help="per request (default: tiny 24, qwen 16)")
     bench.add_argument("--clients", type=int, help="closed loop: concurrent clients (default: all requests at once)")
     bench.add_argument("--rate", type=float, help="open loop: Poisson arrivals per second (instead of --clients)")
-    bench.add_argument("--temperature", type=float, default=0.7, help="0 = greedy (then every output is checked)")
+    bench.add_argument("--temperature", type=float, help="0 = greedy (then every output is checked); default 0.7")
+    bench.add_argument("--temperatures", help="comma-separated, every run at each (e.g. 0.7,0: greedy beside sampled)")
     bench.add_argument("--eps-req", type=float, default=0.0, help="per-request TV budget (0: every correction exact)")
     bench.add_argument("--block-size", type=int, default=7, help="candidates per block (gamma)")
     bench.add_argument("--run-timeout", type=float, help="seconds per run; a run cut short counts what it committed")

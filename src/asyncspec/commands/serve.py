@@ -38,6 +38,7 @@ def add_serve_arguments(serve: argparse.ArgumentParser) -> None:
     edge.add_argument("--uplink", choices=["compact", "full"], default="compact", help="full: baseline uplink")
     edge.add_argument("--full-correction", action="store_true", help="ablation: full distribution on every rejection")
     edge.add_argument("--no-pipeline", action="store_true", help="ablation: one open block across all requests")
+    edge.add_argument("--adaptive-gamma", action="store_true", help="block length per request from its acceptance")
     edge.add_argument("--preset", help="a benchmark method preset (asymspec, standard, runahead, cosine, ablations)")
     edge.add_argument("--dead-after", type=float, default=30.0, help="seconds of cloud silence before resubmitting")
     edge.add_argument("--give-up", type=float, default=300.0, help="seconds of cloud silence before failing requests")
@@ -181,6 +182,7 @@ def _policy(args):
         correction=correction,
         uplink=args.uplink,
         pipeline=not args.no_pipeline,
+        adaptive_gamma=args.adaptive_gamma,
         dead_after_s=args.dead_after,
         give_up_s=args.give_up,
     )
