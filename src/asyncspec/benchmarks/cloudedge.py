@@ -184,7 +184,7 @@ def measure(
     config: BenchConfig, cloud_port: int, drafter: str, prompts: list[str], scratch: Path, partial: Path
 ) -> list[dict]:
     """Every (method, temperature, scale, profile) run; each result is also appended to `partial` as it comes."""
-    results = []
+    results: list[dict] = []
     for method in config.methods:
         with EdgeProcess(edge_args(config, drafter, method), free_port(), scratch) as edge:
             for temperature in config.temperatures:

@@ -45,7 +45,9 @@ class BlockQueue:
     def take(self, max_batch: int, usable: Callable[[bytes, wire.Block], bool]) -> list[tuple[bytes, wire.Block]]:
         """Up to max_batch blocks of distinct requests, oldest first; `usable` may answer a block
         itself (a cached reply, a Nack) and return False, which drops it from the queue."""
-        batch, requests, deferred = [], set(), []
+        batch: list[tuple[bytes, wire.Block]] = []
+        deferred: list[tuple[bytes, wire.Block]] = []
+        requests: set[int] = set()
         while self.blocks and len(batch) < max_batch:
             identity, block = self.blocks.popleft()
             self.keys.discard(block.id.key())

@@ -20,6 +20,7 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Callable
+from typing import Any
 
 import torch
 import zmq
@@ -158,7 +159,7 @@ class CloudVerifier:
             base = message.id.base if hasattr(message, "id") else 0
             self._nack(identity, request_id, base, "invalid", "the request id belongs to another connection")
             return
-        handlers = {
+        handlers: dict[type, Callable[[bytes, Any], None]] = {
             wire.Block: self._admit,
             wire.Open: self._open,
             wire.CorrectionQuery: self._correct,

@@ -61,7 +61,7 @@ class EdgeGateway:
         self.traffic = TrafficCounters()
         self.cloud: CloudInfo | None = None
         self.channel: Channel | None = None
-        self.context = zmq.Context.instance()
+        self.context: zmq.Context = zmq.Context.instance()
         self.liveness = Liveness(self)
         self.fatal: str | None = None
 

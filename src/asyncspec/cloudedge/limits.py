@@ -5,6 +5,7 @@ requests per peer and in total (each holds a KV cache)."""
 from __future__ import annotations
 
 from collections import Counter, OrderedDict
+from typing import Any
 
 DEFAULT_MAX_MESSAGE_BYTES = 32 << 20  # one frame; a full-distribution uplink block for Qwen is ~4 MB
 DEFAULT_REPLY_CACHE_BYTES = 64 << 20
@@ -29,7 +30,7 @@ class ReplyCache:
     def __len__(self) -> int:
         return len(self.entries)
 
-    def __getitem__(self, key: tuple) -> tuple[bytes, object]:
+    def __getitem__(self, key: tuple) -> tuple[bytes, Any]:
         return self.entries[key]
 
     def put(self, key: tuple, frame: bytes, message: object) -> None:

@@ -34,6 +34,7 @@ target distribution (eps_req = 0).
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
 from asyncspec.cloudedge.policy import EdgePolicy
 from asyncspec.errors import InputError
@@ -70,7 +71,7 @@ def method_policy(name: str, base: EdgePolicy | None = None) -> EdgePolicy:
     """The edge policy of a named method; `base` carries the shared settings (block size, K schedule...)."""
     base = base or EdgePolicy()
     full_only = replace(base.correction, full_only=True)
-    presets = {
+    presets: dict[str, dict[str, Any]] = {
         "asymspec": {},
         "standard": dict(uplink="full", pipeline=False),
         "runahead": dict(uplink="full", pipeline=False, runahead=True, runahead_depth=RUNAHEAD_DEPTH),
@@ -83,7 +84,9 @@ def method_policy(name: str, base: EdgePolicy | None = None) -> EdgePolicy:
     }
     if name not in presets:
         raise InputError(f"unknown method {name!r}; choose from {', '.join(METHODS)}")
-    settings = dict(uplink="compact", pipeline=True, runahead=False, draft_min_confidence=None, adaptive_gamma=False)
+    settings: dict[str, Any] = dict(
+        uplink="compact", pipeline=True, runahead=False, draft_min_confidence=None, adaptive_gamma=False
+    )
     return replace(base, **{**settings, **presets[name]})
 
 

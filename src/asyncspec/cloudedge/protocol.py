@@ -278,8 +278,8 @@ _WIRE_TYPES = {
 
 
 def encode(message: Message) -> bytes:
-    body = [message.code]
-    for field in fields(message):
+    body: list = [message.code]
+    for field in fields(message):  # type: ignore[arg-type]  # every Message is a dataclass
         value = getattr(message, field.name)
         body.append([value.request, value.base, value.n, value.config] if isinstance(value, BlockId) else value)
     return msgpack.packb(body, use_bin_type=True)
@@ -293,7 +293,7 @@ def decode(frame: bytes) -> Message:
     if not isinstance(body, list) or not body or not _is_int(body[0]) or body[0] not in MESSAGES:
         raise ProtocolError("not a message of this protocol")
     cls = MESSAGES[body[0]]
-    specs = fields(cls)
+    specs = fields(cls)  # type: ignore[arg-type]  # every Message is a dataclass
     values = body[1:]
     required = sum(1 for f in specs if f.default is MISSING)
     if not required <= len(values) <= len(specs):

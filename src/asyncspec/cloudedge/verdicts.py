@@ -77,13 +77,21 @@ def _rejected(
     request.expected_root = None
     head = order[: request.first_k]
     tail = float(p[order[request.first_k :]].double().sum())
-    attached = {}
+    attached: dict[str, bytes] = {}
     if proposals is not None:
         ids, p_ids, uniforms = proposals
         attached = dict(
             proposal_ids=wire.pack_ids(ids), proposal_p=wire.pack_probs(p_ids), proposal_u=wire.pack_probs(uniforms)
         )
-    return wire.Verdict(block.id, index, -1, wire.pack_ids(head), wire.pack_probs(p[head]), wire.f32(tail), **attached)
+    return wire.Verdict(
+        block.id,
+        index,
+        -1,
+        wire.pack_ids(head),
+        wire.pack_probs(p[head]),
+        wire.f32(tail),
+        **attached,  # type: ignore[arg-type]
+    )
 
 
 def round_zero(sampling, base: int, count: int, p: torch.Tensor) -> tuple[list[int], torch.Tensor, torch.Tensor]:

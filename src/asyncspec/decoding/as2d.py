@@ -78,7 +78,7 @@ class _NativeRounds:
 
     def __init__(self, target: Decoder, state, buffer: CandidateBuffer, budget: int, limit: int, trace: Trace):
         self.target, self.state, self.buffer, self.budget, self.limit = target, state, buffer, budget, limit
-        self.trace, self.stats, self.committed = trace, DecodeStats(), []
+        self.trace, self.stats, self.committed = trace, DecodeStats(), list[int]()
 
     def commit(self, token: int) -> bool:
         return commit_token(token, self.committed, self.target.eos_ids, self.limit, self.stats)

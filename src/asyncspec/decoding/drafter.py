@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from asyncspec.errors import InputError
-from asyncspec.models.base import Decoder, DecodeRequest
+from asyncspec.models.base import Decoder, DecodeRequest, DecoderState
 from asyncspec.verify import probabilities
 
 
@@ -64,7 +64,7 @@ class PrefixDrafter:
         self.converts = not same_vocabulary(drafter, target)
         self.target_eos = min(target.eos_ids, default=None)
         self.counters = DrafterCounters()
-        self.state = None
+        self.state: DecoderState | None = None  # set by start()
         self.prompt_len = 0
 
     def start(self, target_request: DecodeRequest) -> None:

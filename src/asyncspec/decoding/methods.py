@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from asyncspec.decoding.as2d import decode_as2d
 from asyncspec.decoding.result import DecodeConfig, DecodeResult
@@ -12,7 +13,7 @@ from asyncspec.decoding.target_only import decode_target_only
 from asyncspec.errors import InputError
 from asyncspec.models.base import Decoder, DecodeRequest
 
-DecodeFn = Callable[[Decoder, "Decoder | None", DecodeRequest, DecodeConfig], DecodeResult]
+DecodeFn = Callable[[Decoder, Any, DecodeRequest, DecodeConfig], DecodeResult]  # drafter: a Decoder or a producer
 
 METHODS: dict[str, DecodeFn] = {
     "target": decode_target_only,

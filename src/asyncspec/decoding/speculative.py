@@ -8,6 +8,7 @@ keeps the KV of the accepted ones only, and its own next token becomes the next 
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from typing import Protocol
 
 import torch
@@ -35,7 +36,7 @@ def speculative_decode(
     method: str, target: Decoder, source: CandidateSource, request: DecodeRequest, config: DecodeConfig, budget: int
 ) -> DecodeResult:
     require_invariant(target, method)
-    trace, stats, committed = Trace(), DecodeStats(), []
+    trace, stats, committed = Trace(), DecodeStats(), list[int]()
     generator = make_generator(config.seed)
     with trace.stage("prefill"):
         state = target.prefill(request)
@@ -57,9 +58,7 @@ def speculative_decode(
             candidates,
             trace,
             stats,
-            lambda logits, proposal=proposal, candidates=candidates: _verify(
-                target, logits, proposal, candidates, config, generator
-            ),
+            partial(_verify, target, proposal=proposal, candidates=candidates, config=config, generator=generator),
         )
         stats.observe_round(len(candidates), verdict.accepted)
         source.update(proposal, verdict)
@@ -95,7 +94,7 @@ def verify_candidates(
     return verdict
 
 
-def _verify(target, logits, proposal, candidates, config, generator) -> Verdict:
+def _verify(target, logits, *, proposal, candidates, config, generator) -> Verdict:
     if config.temperature <= 0:
         return greedy_verify(target.greedy(logits), candidates)
     p = probabilities(logits, config.temperature)

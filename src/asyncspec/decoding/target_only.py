@@ -14,7 +14,7 @@ GREEDY = DecodeConfig()
 def decode_target_only(
     target: Decoder, drafter: Decoder | None, request: DecodeRequest, config: DecodeConfig = GREEDY
 ) -> DecodeResult:
-    trace, stats, tokens = Trace(), DecodeStats(), []
+    trace, stats, tokens = Trace(), DecodeStats(), list[int]()
     generator = make_generator(config.seed)
     with trace.stage("prefill"):
         state = target.prefill(request)

@@ -292,7 +292,7 @@ class Engine:
         drafter = self.drafters.get(job.method)
         try:
             # METHODS types every drafter as a Decoder; As²d's is a producer (typed in the producer rework)
-            return METHODS[job.method](target, drafter, prepared.request, job.config)  # type: ignore[arg-type]
+            return METHODS[job.method](target, drafter, prepared.request, job.config)
         finally:
             if isinstance(drafter, TrackedProducer):
                 drafter.abort()  # only does something when the decode was interrupted

@@ -145,7 +145,7 @@ class AutoTranscriber:
         prepared = PreparedWindow(block.index, block.end_s, request, state, prefilled_at - started, prefilled_at)
         target = PreparedTarget(self.target, prepared, threading.Event())
         # METHODS types every drafter as a Decoder; As²d's is a producer (typed in the producer rework)
-        result = METHODS[self.method](target, self.drafter, request, self.config)  # type: ignore[arg-type]
+        result = METHODS[self.method](target, self.drafter, request, self.config)
         finished = time.perf_counter()
         self._segment.tokens += result.tokens
         active = (prefilled_at - started) + result.stats.prefill_s + result.stats.decode_s

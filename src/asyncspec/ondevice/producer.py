@@ -77,7 +77,7 @@ class ChunkedWhisperSource:
         self.previous = token("<|startofprev|>")
 
     def run(self, request_id: int, audio: np.ndarray, publish: Callable, should_stop: Callable[[], bool]) -> None:
-        offset, history = 0, []
+        offset, history = 0, list[int]()
         for start, end in chunk_bounds(audio, self.spec.chunk_s):
             if should_stop():
                 return
@@ -130,9 +130,9 @@ class AutoregressiveWhisperSource:
         import torch
 
         began = time.perf_counter()
-        request = self.drafter.request(audio)
+        request = self.drafter.request(audio)  # type: ignore[attr-defined]  # a Whisper backend
         state = self.drafter.prefill(request)
-        ids, confidences, published = [], [], _Published(request_id, self.name)
+        ids, confidences, published = list[int](), list[float](), _Published(request_id, self.name)
         logits = state.next_logits
         while len(ids) < request.max_new_tokens and not should_stop():
             token = self.drafter.greedy(logits)[0]
@@ -185,7 +185,7 @@ def _converted(owner, segment: str, start: int, ids: list[int], confidences: lis
     return tuple(encoding.ids), tuple(out)
 
 
-SOURCES = {"ct2-chunk": ChunkedWhisperSource, "autoregressive": AutoregressiveWhisperSource}
+SOURCES: dict[str, type] = {"ct2-chunk": ChunkedWhisperSource, "autoregressive": AutoregressiveWhisperSource}
 
 
 def worker_main(spec: ProducerSpec, commands: Connection, batches: Connection) -> None:

@@ -90,7 +90,7 @@ def producer_load_main(spec: ProducerSpec, audio: np.ndarray, ready, stop) -> No
     source = SOURCES[spec.kind](spec)
     ready.set()
     while not stop.is_set():
-        source.run(0, audio, lambda batch: None, stop.is_set)  # type: ignore[attr-defined]  # SOURCES is untyped until the typed producer messages land
+        source.run(0, audio, lambda batch: None, stop.is_set)
 
 
 class ProducerLoad:
