@@ -23,7 +23,7 @@ from asyncspec.decoding.methods import METHODS
 from asyncspec.decoding.result import DecodeConfig, DecodeResult
 from asyncspec.models.base import Decoder, DecodeRequest
 from asyncspec.ondevice.buffer import PublishedBatch
-from asyncspec.ondevice.producer import SOURCES, ProducerSpec
+from asyncspec.ondevice.sources import SOURCES, ProducerSpec
 from asyncspec.profiling.costs import CONCURRENT, IDLE, CostProfile
 
 LOAD_READY_TIMEOUT_S = 120
