@@ -12,9 +12,6 @@ PACKAGE = Path(__file__).resolve().parents[1] / "src" / "asyncspec"
 MAX_FILE_LINES = 400
 MAX_FUNCTION_LINES = 60
 
-# Files still over MAX_FILE_LINES while they are being split (issue #16: the gateway and the
-# verifier). Shrink this list as they go under; never add to it.
-OVERSIZED_FILES = {"cloudedge/edge.py", "cloudedge/cloud.py"}
 # The lower layers below models/: models/ may import none of these.
 ABOVE_MODELS = ("decoding", "ondevice", "cloudedge", "commands", "benchmarks", "run")
 
@@ -73,20 +70,8 @@ def test_models_never_import_upward(upper):
 
 
 def test_no_source_file_is_too_long():
-    too_long = {
-        relative(path): n
-        for path in sources()
-        if (n := len(path.read_text().splitlines())) > MAX_FILE_LINES and relative(path) not in OVERSIZED_FILES
-    }
+    too_long = {relative(path): n for path in sources() if (n := len(path.read_text().splitlines())) > MAX_FILE_LINES}
     assert too_long == {}
-
-
-def test_the_oversized_allow_list_only_names_files_still_over_the_limit():
-    """So the list shrinks as files are split, instead of silently allowing a file to regrow."""
-    for name in OVERSIZED_FILES:
-        path = PACKAGE / name
-        assert path.is_file(), f"{name} is gone: drop it from OVERSIZED_FILES"
-        assert len(path.read_text().splitlines()) > MAX_FILE_LINES, f"{name} fits now: drop it from OVERSIZED_FILES"
 
 
 def test_no_function_is_too_long():
