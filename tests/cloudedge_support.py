@@ -17,6 +17,7 @@ from asyncspec.cloudedge import protocol as wire
 from asyncspec.cloudedge.cloud import CloudConfig, CloudVerifier
 from asyncspec.cloudedge.edge import EdgeGateway
 from asyncspec.cloudedge.policy import EdgePolicy
+from asyncspec.cloudedge.requests import TokenEvent, event_dict
 from frame_proxy import FrameProxy, FrameProxyConfig
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
@@ -106,9 +107,9 @@ class Collector:
         self.events: list[dict] = []
         self.done = threading.Event()
 
-    def __call__(self, event: dict) -> None:
-        self.events.append(event)
-        if event["type"] in ("done", "error"):
+    def __call__(self, event) -> None:
+        self.events.append(event_dict(event))  # as JSON fields, the way a client sees them
+        if not isinstance(event, TokenEvent):
             self.done.set()
 
     @property

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 import zmq
 
 from asyncspec.cloudedge import protocol as wire
+from asyncspec.cloudedge.requests import DoneEvent, EdgeEvent, TokenEvent
 from asyncspec.cloudedge.transport import Channel, TrafficCounters, make_socket
 
 
@@ -61,17 +62,17 @@ class ClientFront:
             text = IncrementalText(self.tokenizer)
             sampling = wire.Sampling(wire.f32(message.temperature), message.seed)
 
-            def emit(event: dict) -> None:
-                if event["type"] == "token":
-                    piece = text.add(event["token"])
-                    self.channel.send(wire.Token(message.tag, event["token"], piece), identity)
-                elif event["type"] == "done":
-                    done = wire.Done(
-                        message.tag, text.text(), wire.pack_ids(event["tokens"]), event["finish_reason"], event["stats"]
+            def emit(event: EdgeEvent) -> None:
+                if isinstance(event, TokenEvent):
+                    piece = text.add(event.token)
+                    self.channel.send(wire.Token(message.tag, event.token, piece), identity)
+                elif isinstance(event, DoneEvent):
+                    ids = wire.pack_ids(list(event.tokens))
+                    self.channel.send(
+                        wire.Done(message.tag, text.text(), ids, event.finish_reason, event.stats), identity
                     )
-                    self.channel.send(done, identity)
                 else:
-                    self.channel.send(wire.Failed(message.tag, event["message"]), identity)
+                    self.channel.send(wire.Failed(message.tag, event.message), identity)
 
             gateway.submit(ids, message.max_new_tokens, sampling, message.eps_req, emit)
         except Exception as error:  # bad options or a tokenizer failure: this request fails, the edge goes on

@@ -30,7 +30,16 @@ from asyncspec.cloudedge.edge_counters import EdgeCounters, EdgeEvents, RequestT
 from asyncspec.cloudedge.limits import DEFAULT_MAX_MESSAGE_BYTES
 from asyncspec.cloudedge.liveness import Liveness
 from asyncspec.cloudedge.policy import EdgePolicy
-from asyncspec.cloudedge.requests import CloudInfo, EdgeRequest, Emit, OpenBlock, new_request
+from asyncspec.cloudedge.requests import (
+    CloudInfo,
+    DoneEvent,
+    EdgeRequest,
+    Emit,
+    ErrorEvent,
+    OpenBlock,
+    TokenEvent,
+    new_request,
+)
 from asyncspec.cloudedge.runahead import invalidate_ahead, presumption_held
 from asyncspec.cloudedge.scheduler import EdgeScheduler
 from asyncspec.cloudedge.transport import Channel, TrafficCounters, make_socket
@@ -356,7 +365,7 @@ class EdgeGateway:
             now = time.monotonic()
             stats.token_times.append(now)
             stats.first_token = stats.first_token or now
-            request.emit({"type": "token", "token": committed})
+            request.emit(TokenEvent(committed))
             if len(request.generated) >= request.limit:
                 self._finish(request, "length")
                 return
@@ -377,14 +386,7 @@ class EdgeGateway:
         self.send(wire.Close(request.id), request)
         self._close_books(request)
         self.events.completed += 1
-        request.emit(
-            {
-                "type": "done",
-                "tokens": list(request.generated),
-                "finish_reason": reason,
-                "stats": request.stats.as_dict(),
-            }
-        )
+        request.emit(DoneEvent(tuple(request.generated), reason, request.stats.as_dict()))
 
     def fail(self, request: EdgeRequest, reason: str, capacity: bool = False) -> None:
         """`capacity`: refused for lack of room (the client may retry later: HTTP 429), not for a fault."""
@@ -392,7 +394,7 @@ class EdgeGateway:
             self.send(wire.Close(request.id), request)
         self._close_books(request)
         self.events.failed += 1
-        request.emit({"type": "error", "message": reason, "tokens": list(request.generated), "capacity": capacity})
+        request.emit(ErrorEvent(reason, tuple(request.generated), capacity))
 
     def summary(self) -> dict:
         return {"edge": self.counters.as_dict(), "traffic": self.traffic.as_dict(), "active": len(self.requests)}

@@ -17,6 +17,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from asyncspec.cloudedge.client import IncrementalText
 from asyncspec.cloudedge.http_options import BadRequest, CompletionOptions, parse_messages, parse_options, parse_prompt
+from asyncspec.cloudedge.requests import DoneEvent, EdgeEvent, ErrorEvent, TokenEvent
 from asyncspec.httpguard import Guard, GuardConfig, install_error_handlers
 
 DISCONNECT_CHECK_S = 1.0  # how often a waiting request looks whether its client is still there
@@ -40,13 +41,13 @@ def _error(status: int, message: str, param: str | None = None) -> JSONResponse:
     return JSONResponse(body, status_code=status)
 
 
-def _failed(final: dict) -> JSONResponse:
+def _failed(final: ErrorEvent) -> JSONResponse:
     """A request the edge or the cloud could not complete: 429 (retry later) when refused for lack of
     room, as OpenAI clients expect for back-pressure; 503 otherwise."""
-    if final.get("capacity"):
-        body = {"error": {"message": final["message"], "type": "rate_limit_exceeded", "param": None, "code": None}}
+    if final.capacity:
+        body = {"error": {"message": final.message, "type": "rate_limit_exceeded", "param": None, "code": None}}
         return JSONResponse(body, status_code=429, headers={"Retry-After": "1"})
-    return _error(503, final["message"])
+    return _error(503, final.message)
 
 
 async def _json_body(request: Request) -> dict:
@@ -88,7 +89,9 @@ def make_app(gateway, tokenizer, model_name: str, chat: ChatFormatter | None = N
     return Guard(app, guard or GuardConfig())
 
 
-async def gateway_events(gateway, ids: list[int], options: CompletionOptions, client: Request) -> AsyncIterator[dict]:
+async def gateway_events(
+    gateway, ids: list[int], options: CompletionOptions, client: Request
+) -> AsyncIterator[EdgeEvent]:
     """The request's events; a client that disconnects cancels its generation at the edge."""
     loop = asyncio.get_running_loop()
     queue: asyncio.Queue = asyncio.Queue()
@@ -112,7 +115,7 @@ async def gateway_events(gateway, ids: list[int], options: CompletionOptions, cl
                     return
             if event is None:
                 continue
-            finished = event["type"] != "token"
+            finished = not isinstance(event, TokenEvent)
             yield event
             if finished:
                 return
@@ -136,22 +139,22 @@ async def complete(gateway, tokenizer, model_name: str, client: Request, body: d
         return StreamingResponse(_sse(stream, tokenizer, meta, kind), media_type="text/event-stream")
     text, final = IncrementalText(tokenizer), None
     async for event in stream:
-        if event["type"] == "token":
-            text.add(event["token"])
+        if isinstance(event, TokenEvent):
+            text.add(event.token)
         final = event
-    if final is None:
-        return _error(499, "the client disconnected")
-    if final["type"] == "error":
+    if isinstance(final, DoneEvent):
+        return _response(kind, meta, text.text(), final, len(ids))
+    if isinstance(final, ErrorEvent):
         return _failed(final)
-    return _response(kind, meta, text.text(), final, len(ids))
+    return _error(499, "the client disconnected")  # the stream stopped before its end
 
 
-def _finish_reason(event: dict) -> str:
-    return "stop" if event.get("finish_reason") == "eos" else "length"
+def _finish_reason(event: DoneEvent) -> str:
+    return "stop" if event.finish_reason == "eos" else "length"
 
 
-def _response(kind: str, meta: dict, text: str, final: dict, prompt_tokens: int) -> dict:
-    completion_tokens = len(final["tokens"])
+def _response(kind: str, meta: dict, text: str, final: DoneEvent, prompt_tokens: int) -> dict:
+    completion_tokens = len(final.tokens)
     usage = {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
@@ -164,11 +167,11 @@ def _response(kind: str, meta: dict, text: str, final: dict, prompt_tokens: int)
         choice = {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": _finish_reason(final)}
         obj = "chat.completion"
     # the token ids too: a client can check them against target-only decoding (`asyncspec generate`)
-    extension = {**final["stats"], "token_ids": list(final["tokens"])}
+    extension = {**final.stats, "token_ids": list(final.tokens)}
     return {**meta, "object": obj, "choices": [choice], "usage": usage, "asyncspec": extension}
 
 
-async def _sse(stream: AsyncIterator[dict], tokenizer, meta: dict, kind: str) -> AsyncIterator[str]:
+async def _sse(stream: AsyncIterator[EdgeEvent], tokenizer, meta: dict, kind: str) -> AsyncIterator[str]:
     text = IncrementalText(tokenizer)
     obj = "text_completion" if kind == "cmpl" else "chat.completion.chunk"
 
@@ -183,12 +186,12 @@ async def _sse(stream: AsyncIterator[dict], tokenizer, meta: dict, kind: str) ->
     if kind != "cmpl":
         yield chunk(None, None, first=True)
     async for event in stream:
-        if event["type"] == "token":
-            piece = text.add(event["token"])
+        if isinstance(event, TokenEvent):
+            piece = text.add(event.token)
             if piece:
                 yield chunk(piece, None)
-        elif event["type"] == "done":
+        elif isinstance(event, DoneEvent):
             yield chunk(None, _finish_reason(event))
         else:
-            yield f"data: {json.dumps({'error': {'message': event['message']}})}\n\n"
+            yield f"data: {json.dumps({'error': {'message': event.message}})}\n\n"
     yield "data: [DONE]\n\n"

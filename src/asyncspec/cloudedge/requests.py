@@ -17,7 +17,37 @@ from asyncspec.cloudedge.correction import Ask, CorrectionCounts, CorrectionSess
 from asyncspec.decoding.drafter import PrefixDrafter
 from asyncspec.sampling import make_generator
 
-Emit = Callable[[dict], None]  # receives {"type": "token" | "done" | "error", ...}
+
+@dataclass(frozen=True)
+class TokenEvent:
+    """A token committed for the request (the target's own, or a verified candidate)."""
+
+    token: int
+
+
+@dataclass(frozen=True)
+class DoneEvent:
+    tokens: tuple[int, ...]
+    finish_reason: str  # "eos" or "length"
+    stats: dict  # RequestStats.as_dict()
+
+
+@dataclass(frozen=True)
+class ErrorEvent:
+    message: str
+    tokens: tuple[int, ...]  # committed before the failure
+    capacity: bool  # refused for lack of room (retry later), not for a fault
+
+
+EdgeEvent = TokenEvent | DoneEvent | ErrorEvent
+Emit = Callable[[EdgeEvent], None]
+
+
+def event_dict(event: EdgeEvent) -> dict:
+    """The event as JSON fields, with its kind under "type" ("token", "done" or "error")."""
+    kind = {TokenEvent: "token", DoneEvent: "done", ErrorEvent: "error"}[type(event)]
+    fields = {name: list(value) if isinstance(value, tuple) else value for name, value in event.__dict__.items()}
+    return {"type": kind, **fields}
 
 
 @dataclass
