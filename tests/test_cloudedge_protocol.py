@@ -111,3 +111,23 @@ def test_compact_uplink_is_small_and_the_full_one_is_not():
     )
     assert len(compact) / 7 <= 16
     assert len(full) / 7 >= 4 * vocab
+
+
+def test_a_rejection_without_support_sends_a_valid_tail_when_p_sums_above_one():
+    """First K = 0 ("no top-K"): the tail is all of p, whose float32 sum may exceed 1 by more than the
+    receiver's slack; the cloud caps it at 1, so the verdict is valid (a request failed on it before)."""
+    from asyncspec.cloudedge.cloud import CloudCounters, CloudRequest, CloudVerifier
+
+    class Target:  # only what _rejected touches (the constructor, which self-tests a model, is skipped)
+        vocab_size, max_length = 151_936, 64
+
+    cloud = CloudVerifier.__new__(CloudVerifier)
+    cloud.counters = CloudCounters()
+    cloud.target = Target()
+    sampling = wire.Sampling(0.7, 1)
+    request = CloudRequest(prompt_len=1, sampling=sampling, first_k=0, epoch=0, state=None)
+    p = torch.full((Target.vocab_size,), 1.0 / Target.vocab_size) * (1 + 1e-5)
+    assert float(p.double().sum()) > 1 + 1e-6
+    block = wire.Block(wire.BlockId(1, 5, 1, sampling.digest()), 3, wire.pack_ids([4]), wire.pack_probs([0.9]))
+    verdict = cloud._rejected(block, request, 0, p, 4, 0.9)
+    assert verdict.tail == 1.0 and wire.decode(wire.encode(verdict)) == verdict

@@ -140,6 +140,13 @@ def seeded(*parts) -> torch.Generator:
     return torch.Generator().manual_seed(derived_seed(*parts))
 
 
+def tail_mass(p: torch.Tensor, outside: torch.Tensor) -> float:
+    """The target mass outside a support, at most 1: a float32 softmax sums to 1 only within rounding, so
+    with no support at all (first_k 0, the "no top-K" ablation) the sum could exceed 1 by more than the
+    receiver's slack and the verdict was refused as invalid (a request of the 2026-11-30 #16 grid failed so)."""
+    return min(float(p[outside].double().sum()), 1.0)
+
+
 def recover_from_bound(
     proposals: list[int], p: torch.Tensor, uniforms: torch.Tensor, rejected: int, q_rejected: float
 ) -> int | None:
@@ -560,7 +567,7 @@ class CloudVerifier:
         request.pending = PendingCorrection(block.id, p, order)
         request.expected_root = None
         head = order[: request.first_k]
-        tail = float(p[order[request.first_k :]].double().sum())
+        tail = tail_mass(p, order[request.first_k :])
         attached = {}
         if proposals is not None:
             ids, p_ids, uniforms = proposals
@@ -599,7 +606,7 @@ class CloudVerifier:
         if query.kind == "topk":
             stop = min(max(query.stop, query.start), p.numel())
             ids = pending.order[query.start : stop]
-            tail = float(p[pending.order[stop:]].double().sum())
+            tail = tail_mass(p, pending.order[stop:])
             return wire.Correction(
                 query.id, "topk", query.start, wire.pack_ids(ids), wire.pack_probs(p[ids]), wire.f32(tail)
             )
