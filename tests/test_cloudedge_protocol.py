@@ -111,3 +111,19 @@ def test_compact_uplink_is_small_and_the_full_one_is_not():
     )
     assert len(compact) / 7 <= 16
     assert len(full) / 7 >= 4 * vocab
+
+
+def test_a_rejection_without_support_sends_a_valid_tail_when_p_sums_above_one():
+    """First K = 0 ("no top-K"): the tail is all of p, whose float32 sum may exceed 1 by more than the
+    receiver's slack; the cloud caps it at 1, so the verdict is valid (a request failed on it before)."""
+    from asyncspec.cloudedge.cloud_state import CloudCounters, CloudRequest
+    from asyncspec.cloudedge.verdicts import _rejected
+
+    vocab_size = 151_936
+    sampling = wire.Sampling(0.7, 1)
+    request = CloudRequest(prompt_len=1, sampling=sampling, first_k=0, epoch=0, state=None)
+    p = torch.full((vocab_size,), 1.0 / vocab_size) * (1 + 1e-5)
+    assert float(p.double().sum()) > 1 + 1e-6
+    block = wire.Block(wire.BlockId(1, 5, 1, sampling.digest()), 3, wire.pack_ids([4]), wire.pack_probs([0.9]))
+    verdict = _rejected(block, request, 0, p, 4, 0.9, CloudCounters())
+    assert verdict.tail == 1.0 and wire.decode(wire.encode(verdict)) == verdict

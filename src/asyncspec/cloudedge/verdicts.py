@@ -18,6 +18,13 @@ MAX_PROPOSALS = validation.MAX_PROPOSALS
 Q_BOUND_SLACK = 1e-4
 
 
+def tail_mass(p: torch.Tensor, outside: torch.Tensor) -> float:
+    """The target mass outside a support, at most 1: a float32 softmax sums to 1 only within rounding, so
+    with no support at all (first_k 0, the "no top-K" ablation) the sum could exceed 1 by more than the
+    receiver's slack and the verdict was refused as invalid (a request of the 2026-11-30 #16 grid failed so)."""
+    return min(float(p[outside].double().sum()), 1.0)
+
+
 def decide(
     block: wire.Block, request: CloudRequest, logits: torch.Tensor, greedy, counters: CloudCounters
 ) -> wire.Verdict:
@@ -76,7 +83,7 @@ def _rejected(
     request.pending = PendingCorrection(block.id, p, order)
     request.expected_root = None
     head = order[: request.first_k]
-    tail = float(p[order[request.first_k :]].double().sum())
+    tail = tail_mass(p, order[request.first_k :])
     attached: dict[str, bytes] = {}
     if proposals is not None:
         ids, p_ids, uniforms = proposals
@@ -133,7 +140,7 @@ def correction(query: wire.CorrectionQuery, pending: PendingCorrection, sampling
     if query.kind == "topk":
         stop = min(max(query.stop, query.start), p.numel())
         ids = pending.order[query.start : stop]
-        tail = float(p[pending.order[stop:]].double().sum())
+        tail = tail_mass(p, pending.order[stop:])
         return wire.Correction(
             query.id, "topk", query.start, wire.pack_ids(ids), wire.pack_probs(p[ids]), wire.f32(tail)
         )
