@@ -8,25 +8,26 @@ from types import SimpleNamespace
 
 import pytest
 
+from asyncspec.benchmarks import cloudedge_metrics as run_figures
 from asyncspec.benchmarks import cloudedge_report as report
 from asyncspec.benchmarks.cloudedge_driver import RequestRecord, RunOutput
 
 
 def test_t_interval_matches_the_textbook_values():
-    spread = report.interval([1.0, 2.0, 3.0, 4.0])
+    spread = run_figures.interval([1.0, 2.0, 3.0, 4.0])
     half = 3.182 * math.sqrt(5 / 3 / 4)  # t(0.975, 3) * s / sqrt(n), s^2 = 5/3
     assert spread["mean"] == 2.5 and spread["n"] == 4
     assert spread["lo"] == pytest.approx(2.5 - half) and spread["hi"] == pytest.approx(2.5 + half)
-    assert report.interval([]) is None
-    assert report.interval([3.0]) == {"mean": 3.0, "lo": None, "hi": None, "n": 1}  # unbounded with one request
-    assert report.t95(1) == 12.706 and report.t95(22) == 2.060 and report.t95(1000) == 1.960
+    assert run_figures.interval([]) is None
+    assert run_figures.interval([3.0]) == {"mean": 3.0, "lo": None, "hi": None, "n": 1}  # unbounded with one request
+    assert run_figures.t95(1) == 12.706 and run_figures.t95(22) == 2.060 and run_figures.t95(1000) == 1.960
 
 
 def test_overlapping_intervals_are_not_separable():
     a = {"mean": 1.0, "lo": 0.8, "hi": 1.2, "n": 6}
-    assert report.overlap(a, {"mean": 1.3, "lo": 1.1, "hi": 1.5, "n": 6}) is True
-    assert report.overlap(a, {"mean": 1.5, "lo": 1.3, "hi": 1.7, "n": 6}) is False
-    assert report.overlap(a, {"mean": 1.5, "lo": None, "hi": None, "n": 1}) is None
+    assert run_figures.overlap(a, {"mean": 1.3, "lo": 1.1, "hi": 1.5, "n": 6}) is True
+    assert run_figures.overlap(a, {"mean": 1.5, "lo": 1.3, "hi": 1.7, "n": 6}) is False
+    assert run_figures.overlap(a, {"mean": 1.5, "lo": None, "hi": None, "n": 1}) is None
 
 
 def _record(index, sent, times, done=True, tokens=None, stats=None):
@@ -41,7 +42,7 @@ def test_run_metrics_give_every_figure_an_interval_over_requests():
     records = [_record(0, 0.0, [1.0, 2.0, 3.0]), _record(1, 0.0, [2.0, 3.0, 5.0]), _record(2, 0.0, [1.0], False)]
     output = RunOutput(records, 0.0, 10.0, True, SimpleNamespace(up=SimpleNamespace(bytes_delivered=700),
                                                                  down=SimpleNamespace(bytes_delivered=70)))  # fmt: skip
-    metrics = report.run_metrics(output)
+    metrics = run_figures.run_metrics(output)
     per_request = metrics["per_request"]
     # a request's rate: its tokens / send to last token; one cut short counts up to the run's end
     assert per_request["request_tok_s"] == pytest.approx([1.0, 0.6, 0.1])

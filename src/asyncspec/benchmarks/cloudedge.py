@@ -3,16 +3,16 @@ profile, unscaled and with the link scaled, on the same cloud process, link emul
 invocation so the ratios share machine conditions.
 
 Per (link scale, profile, method): a fresh `LinkProcess` in front of the one cloud process and a fresh
-edge process with the method's preset; the workload is driven through the edge's client socket. Bytes
-per committed token are the wire bytes the link process carried (ZeroMQ framing and pings included);
-the services' own message-byte counters are reported next to them.
+edge process with the method's preset, driven through the edge's client socket. Bytes per committed
+token are the wire bytes the link carried (ZeroMQ framing and pings included), beside the services'
+own message-byte counters.
 
 Workload: `--requests N` prompts drawn from HumanEval and GSM8K (`--workload mixed`, the default: the
 shortest prompts of each, alternating, so that a 1.5B prefill on one core does not dominate the few
 tokens a run can afford) or from one of them. Request i carries seed `--seed` + i under every method and
 temperature, so every method samples from the same seeds. `--temperatures 0.7,0` runs every method at
 each temperature (greedy runs beside sampled ones); figures come with 95 % intervals over requests
-(cloudedge_report).
+(cloudedge_metrics), compared in cloudedge_report.
 
 Exactness: every (method, scale, profile, temperature) run is checked against target-only decoding of
 the same prompts on full-length outputs: greedy runs directly, sampled runs by greedy check requests
@@ -31,6 +31,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, cast
 
+from asyncspec.benchmarks import cloudedge_metrics as run_figures
 from asyncspec.benchmarks import cloudedge_report as report
 from asyncspec.benchmarks.cloudedge_driver import (
     EdgeProcess,
@@ -198,7 +199,7 @@ def measure(
                             warm_up(edge, cloud_port, workload, config.run_timeout_s, every_prompt=not results)
                         profile = resolve_profile(name, scale=scale)
                         output = run_profile(edge, profile, cloud_port, workload, config.run_timeout_s)
-                        metrics = report.run_metrics(output)
+                        metrics = run_figures.run_metrics(output)
                         metrics["outputs"] = outputs_of(output)
                         if needs_greedy_check(config, temperature):  # checked through greedy requests
                             metrics["check_outputs"] = greedy_check(edge, profile, cloud_port, config, prompts)
