@@ -2,10 +2,8 @@
 profile, unscaled and with the link scaled, on the same cloud process, link emulator and models, in one
 invocation so the ratios share machine conditions.
 
-Per (link scale, profile, method): a fresh `LinkProcess` in front of the one cloud process and a fresh
-edge process with the method's preset, driven through the edge's client socket. Bytes per committed
-token are the wire bytes the link carried (ZeroMQ framing and pings included), beside the services'
-own message-byte counters.
+Per (link scale, profile, method): a fresh `LinkProcess` before the one cloud process and a fresh edge
+process with the method's preset. Bytes per token are the wire bytes the link carried (framing, pings).
 
 Workload: `--requests N` prompts drawn from HumanEval and GSM8K (`--workload mixed`, the default: the
 shortest prompts of each, alternating, so that a 1.5B prefill on one core does not dominate the few
