@@ -37,6 +37,20 @@ def test_transcribe_librivox_with_whisper_base(tmp_path):
 
 
 @pytest.mark.real
+def test_as2d_alone_drafts_ahead_through_every_file_and_stays_exact(tmp_path):
+    """`transcribe --method as2d` queues every window on the producer at once (they have all
+    arrived); every output still equals target-only's (decoded here by a second run), and nothing
+    about a window reaches the producer from the target side before the target has finished it.
+    (How far ahead it gets depends on the load: measured in `bench e2e --order streams`.)"""
+    paths = [str(c.path) for c in librivox_clips()[:3]]
+    assert main(["transcribe", *paths, "--method", "as2d", "--json", str(tmp_path / "a.json")]) == 0
+    assert main(["transcribe", *paths, "--json", str(tmp_path / "t.json")]) == 0
+    as2d, target = (json.loads((tmp_path / f"{n}.json").read_text())["records"] for n in ("a", "t"))
+    assert [r["token_ids"] for r in as2d] == [r["token_ids"] for r in target]
+    assert all(r["producer_messages_before_end"] == 0 for r in as2d)  # nothing from the target side
+
+
+@pytest.mark.real
 def test_long_file_is_decoded_in_windows(tmp_path):
     clip = soundfile.read(str(librivox_clips()[0].path), dtype="float32")[0]
     long = np.concatenate([clip] * 5)  # 35.5 s -> a 30 s window and a 5.5 s window

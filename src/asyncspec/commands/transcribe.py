@@ -15,6 +15,8 @@ def run(args) -> int:
     options = options.running(methods_to_run(options.methods, options.compare))
     config = decode_config(options)
     with load_models(options, WhisperBackend, "speech") as (target, drafters):
+        if options.methods == ["as2d"]:  # alone (no reference decoding between its windows to flatter it)
+            drafters["as2d"].arrive([window.samples for _, window in windows])  # every window has arrived
         jobs = window_jobs(target, windows, args.language)
         exactness = equality_check(target, config, options.compare)
         records = run_jobs(target, drafters, jobs, options.methods, config, options.trace, exactness)
