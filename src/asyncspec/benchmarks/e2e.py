@@ -190,7 +190,7 @@ def _asyncspec_systems(args, names: list[str]) -> dict:
         raise InputError(f"{args.model} is not a Whisper model")
     print(f"asyncspec target {args.model} {args.dtype}: {target.encoder_placement.summary()}", flush=True)
     as2d = deployed_as2d(args.producer, args.chunk_s, args.budget)  # unset options: the deployed configuration
-    config = DecodeConfig(budget=args.budget, as2d_budget=as2d.budget)
+    config = DecodeConfig(budget=args.budget, method_budgets=(("as2d", as2d.budget),) if as2d.budget else ())
     systems = {"target": AsyncspecSystem("target", target, None, config, target_load_s)}
     if "as2d" in names:
         started = time.perf_counter()

@@ -69,7 +69,9 @@ class AsyncspecSystem(StreamingSystem):
 
     def settings(self) -> dict:
         producer = self.drafter.spec if self.drafter is not None else None
-        budget = self.config.budget or self.config.as2d_budget  # None: As²d's default
+        from asyncspec.decoding.as2d import DEFAULT_BUDGET
+
+        budget = self.config.budget_for("as2d", DEFAULT_BUDGET)
         as2d = {"producer": producer.kind, "chunk_s": producer.chunk_s, "budget": budget} if producer else {}
         as2d |= {"producer_runahead": self.runahead} if producer else {}
         return {"method": self.method, "dtype": str(self.target.dtype).removeprefix("torch.")} | as2d

@@ -127,7 +127,7 @@ def decode_as2d(
     buffer = drafter.start(request.audio)
     with trace.stage("prefill"):
         state = target.prefill(request)
-    budget = config.budget or config.as2d_budget or DEFAULT_BUDGET
+    budget = config.budget_for(METHOD, DEFAULT_BUDGET)
     rounds = _NativeRounds(target, state, buffer, budget, output_limit(request, target), trace)
     stats = rounds.stats
     stats.prefill_s = trace.now()

@@ -16,8 +16,13 @@ if TYPE_CHECKING:
 class DecodeConfig:
     temperature: float = 0.0  # 0 = greedy
     seed: int = 0
-    budget: int | None = None  # proposals per round (None: the method's default)
-    as2d_budget: int | None = None  # As²d's budget when `budget` is unset: the deployed configuration's
+    budget: int | None = None  # proposals per round for every method (--budget; None: each method's own)
+    # per-method budgets used when `budget` is unset, e.g. As²d's deployed configuration's
+    method_budgets: tuple[tuple[str, int], ...] = ()
+
+    def budget_for(self, method: str, default: int) -> int:
+        """The method's proposals per round: --budget, else its configured one, else its default."""
+        return self.budget or dict(self.method_budgets).get(method) or default
 
 
 @dataclass

@@ -94,6 +94,6 @@ def decode_specasr(
 ) -> DecodeResult:
     if config.temperature > 0:
         raise InputError("specasr is a greedy method (temperature 0)")
-    cap = config.budget or MAX_PROPOSALS
+    cap = config.budget_for(METHOD, MAX_PROPOSALS)
     source = AdaptiveRecyclingSource(PrefixDrafter(require_drafter(drafter, METHOD), target), cap)
     return speculative_decode(METHOD, target, source, request, config, cap)

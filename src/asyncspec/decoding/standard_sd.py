@@ -43,4 +43,4 @@ def decode_standard_sd(
     target: Decoder, drafter: Decoder | None, request: DecodeRequest, config: DecodeConfig
 ) -> DecodeResult:
     source = FixedBudgetSource(PrefixDrafter(require_drafter(drafter, METHOD), target), config)
-    return speculative_decode(METHOD, target, source, request, config, config.budget or DEFAULT_BUDGET)
+    return speculative_decode(METHOD, target, source, request, config, config.budget_for(METHOD, DEFAULT_BUDGET))

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -153,7 +153,7 @@ def _config(engine: Engine, temperature: str | None) -> DecodeConfig:
     problem = sampling_problem(value, engine.default_config.seed)
     if problem:
         raise InputError(problem)
-    return DecodeConfig(temperature=value, seed=engine.default_config.seed, budget=engine.default_config.budget)
+    return replace(engine.default_config, temperature=value)  # the deployed budgets stay
 
 
 async def _finish(request: Request, job: Job) -> Transcription:

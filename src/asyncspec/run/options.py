@@ -100,6 +100,7 @@ def decode_config(options: DecodingOptions) -> DecodeConfig:
         raise InputError(f"--budget must be at least 1, got {options.budget}")
     if options.temperature < 0:
         raise InputError(f"--temperature must be >= 0, got {options.temperature}")
+    deployed = (("as2d", options.as2d_budget),) if options.as2d_budget else ()
     return DecodeConfig(
-        temperature=options.temperature, seed=options.seed, budget=options.budget, as2d_budget=options.as2d_budget
+        temperature=options.temperature, seed=options.seed, budget=options.budget, method_budgets=deployed
     )
