@@ -37,7 +37,7 @@ def test_warm_up_before_the_first_run_and_after_each_restart(monkeypatch, tmp_pa
 
     monkeypatch.setattr(cloudedge, "EdgeProcess", FakeEdge)
     monkeypatch.setattr(cloudedge, "run_profile", fake_run_profile)
-    monkeypatch.setattr(cloudedge.report, "run_metrics", fake_metrics)
+    monkeypatch.setattr(cloudedge.run_figures, "run_metrics", fake_metrics)
     config = SimpleNamespace(
         methods=["asymspec"], scales=[40.0], profiles=["weak", "medium", "strong"], requests=5,
         max_new_tokens=16, temperatures=[0.0], eps_req=0.0, seed=0, clients=None, rate_per_s=None,
