@@ -67,6 +67,24 @@ def test_a_ten_sample_chunk_is_decoded_exactly_without_a_producer_failure(target
     assert producer.process.is_alive()
 
 
+def _worker_thread(monkeypatch, source):
+    """worker_main in a thread (so a scripted source can be patched in), loaded: (thread, commands, batches)."""
+    import multiprocessing
+    import threading
+
+    from asyncspec.ondevice import producer as producer_module
+
+    monkeypatch.setitem(producer_module.SOURCES, "scripted", source)
+    command_out, command_in = multiprocessing.Pipe(duplex=False)
+    batch_out, batch_in = multiprocessing.Pipe(duplex=False)
+    worker = threading.Thread(
+        target=producer_module.worker_main, args=(ProducerSpec(kind="scripted"), command_out, batch_in)
+    )
+    worker.start()
+    assert isinstance(batch_out.recv(), Ready)
+    return worker, command_in, batch_out
+
+
 class FailingOnOddRequests:
     """A source that raises on every odd request id and publishes one token otherwise."""
 
@@ -82,19 +100,7 @@ class FailingOnOddRequests:
 def test_a_source_error_fails_only_that_request_and_the_worker_serves_on(monkeypatch):
     """worker_main (run in a thread here, so the failing source can be patched in) reports the error
     for its request and serves the next one."""
-    import multiprocessing
-    import threading
-
-    from asyncspec.ondevice import producer as producer_module
-
-    monkeypatch.setitem(producer_module.SOURCES, "failing", FailingOnOddRequests)
-    command_out, command_in = multiprocessing.Pipe(duplex=False)
-    batch_out, batch_in = multiprocessing.Pipe(duplex=False)
-    worker = threading.Thread(
-        target=producer_module.worker_main, args=(ProducerSpec(kind="failing"), command_out, batch_in)
-    )
-    worker.start()
-    assert isinstance(batch_out.recv(), Ready)
+    worker, command_in, batch_out = _worker_thread(monkeypatch, FailingOnOddRequests)
     buffers = []
     for request_id in (1, 2):
         buffer = CandidateBuffer(request_id, batch_out)
@@ -142,23 +148,6 @@ class PublishingOnce:
         time.sleep(0.05)
         if not should_stop():
             publish(PublishedBatch(request_id, "test", 0, (request_id,), None, 0.0, 0.0))
-
-
-def _worker_thread(monkeypatch, source):
-    import multiprocessing
-    import threading
-
-    from asyncspec.ondevice import producer as producer_module
-
-    monkeypatch.setitem(producer_module.SOURCES, "scripted", source)
-    command_out, command_in = multiprocessing.Pipe(duplex=False)
-    batch_out, batch_in = multiprocessing.Pipe(duplex=False)
-    worker = threading.Thread(
-        target=producer_module.worker_main, args=(ProducerSpec(kind="scripted"), command_out, batch_in)
-    )
-    worker.start()
-    assert isinstance(batch_out.recv(), Ready)
-    return worker, command_in, batch_out
 
 
 def test_the_worker_runs_ahead_through_arrived_requests_and_skips_a_stopped_one(monkeypatch):

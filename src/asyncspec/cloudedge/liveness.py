@@ -40,7 +40,7 @@ class Liveness:
         quiet = gateway.cloud is None or now - self.last_heard >= self.policy.heartbeat_s
         if quiet and now - self.last_ping >= self.policy.heartbeat_s:
             self._ping(now)
-        if not gateway.scheduler.everyone() or self.unanswered_since is None:
+        if not gateway.scheduler.busy() or self.unanswered_since is None:
             return
         silence = now - self.unanswered_since
         if now - self.last_heard > self.policy.give_up_s and silence > self.policy.dead_after_s:

@@ -46,6 +46,10 @@ class EdgeScheduler:
             self.waiting.remove(request)
         return self.requests.pop(request.id, None) is not None
 
+    def busy(self) -> bool:
+        """Any request active or waiting (cheap: the service loop asks every step)."""
+        return bool(self.requests or self.waiting)
+
     def everyone(self) -> list[EdgeRequest]:
         return [*self.requests.values(), *self.waiting]
 
