@@ -38,7 +38,7 @@ def hostile_value(rng: random.Random):
 
 
 def ids(rng: random.Random, n: int) -> bytes:
-    return np.asarray([rng.choice(SMALL_VOCAB_IDS[:4]) for _ in range(n)], dtype="<u4").tobytes()
+    return wire.pack_ids([rng.choice(SMALL_VOCAB_IDS[:4]) for _ in range(n)])
 
 
 def probs(rng: random.Random, n: int) -> bytes:

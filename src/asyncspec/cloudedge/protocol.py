@@ -1,8 +1,9 @@
 """Messages between the edge gateway and the cloud verifier, and their msgpack codec.
 
 A frame is a msgpack array `[code, field, ...]` in the dataclass's field order; never pickle.
-Token ids travel as little-endian uint32 bytes and probabilities as little-endian float32 bytes:
-the exact float32 value the sender used for sampling arrives bit for bit (seed 002 §IV-B1).
+Token ids travel as unsigned LEB128 varints (`pack_ids`) and probabilities as little-endian float32
+bytes: the exact float32 value the sender used for sampling arrives bit for bit (seed 002 §IV-B1).
+Trailing fields left at their defaults are not sent (`encode`), since `decode` fills them in.
 
 Every block-level message carries a `BlockId` that binds it to the request, the base-prefix
 version (confirmed length, prompt included), the number of candidate positions and a digest of
@@ -35,14 +36,59 @@ class ProtocolError(ValueError):
 # ---------------------------------------------------------------- arrays on the wire
 
 
+_VARINT_BYTES = 5  # an unsigned 32-bit id needs at most 5 groups of 7 bits
+_UINT32_MAX = 2**32 - 1
+
+
 def pack_ids(ids) -> bytes:
-    return np.asarray(ids, dtype="<u4").tobytes()
+    """Token ids as unsigned LEB128 varints (7 bits a byte, high bit = more follows). Ids below
+    16,384 take 2 bytes and every id of a 151,665-token vocabulary at most 3, against 4 as uint32:
+    an id was half of each candidate's uplink and all of the prompt's."""
+    values = np.asarray(ids, dtype=np.uint64).reshape(-1)
+    if values.size and int(values.max()) > _UINT32_MAX:
+        raise ValueError("token ids are unsigned 32-bit integers")
+    widths = np.ones(values.size, dtype=np.int64)
+    for group in range(1, _VARINT_BYTES):
+        widths += values >= np.uint64(1 << (7 * group))
+    starts = np.cumsum(widths) - widths
+    out = np.zeros(int(widths.sum()), dtype=np.uint8)
+    for group in range(_VARINT_BYTES):
+        rows = widths > group
+        low7 = (values[rows] >> np.uint64(7 * group)) & np.uint64(0x7F)
+        more = (widths[rows] > group + 1).astype(np.uint64) << np.uint64(7)
+        out[starts[rows] + group] = (low7 | more).astype(np.uint8)
+    return out.tobytes()
+
+
+def id_count(data: bytes) -> int:
+    """How many ids a (well-formed) varint array holds: one byte of each ends it."""
+    return int(np.count_nonzero(np.frombuffer(data, dtype=np.uint8) < 0x80))
+
+
+def id_array(data: bytes) -> np.ndarray:
+    """The ids of a varint array (int64), or ProtocolError when it is truncated, has an id longer
+    than 5 bytes or one beyond 32 bits."""
+    raw = np.frombuffer(data, dtype=np.uint8)
+    if not raw.size:
+        return np.zeros(0, dtype=np.int64)
+    if raw[-1] >= 0x80:
+        raise ProtocolError("token-id array ends inside an id")
+    ends = np.flatnonzero(raw < 0x80)
+    starts = np.concatenate(([0], ends[:-1] + 1))
+    widths = ends - starts + 1
+    if int(widths.max()) > _VARINT_BYTES:
+        raise ProtocolError(f"a token id longer than {_VARINT_BYTES} bytes")
+    values = np.zeros(ends.size, dtype=np.int64)
+    for group in range(_VARINT_BYTES):
+        rows = widths > group
+        values[rows] |= (raw[starts[rows] + group].astype(np.int64) & 0x7F) << (7 * group)
+    if int(values.max()) > _UINT32_MAX:
+        raise ProtocolError("a token id beyond 32 bits")
+    return values
 
 
 def unpack_ids(data: bytes) -> list[int]:
-    if len(data) % 4:
-        raise ProtocolError("token-id array length is not a multiple of 4")
-    return np.frombuffer(data, dtype="<u4").astype(np.int64).tolist()
+    return id_array(data).tolist()
 
 
 def pack_probs(values) -> bytes:
@@ -106,7 +152,7 @@ class Open(Message):
 
     code: ClassVar[int] = 1
     request: int
-    tokens: bytes  # uint32 ids
+    tokens: bytes  # varint ids
     prompt_len: int
     temperature: float
     seed: int
@@ -128,7 +174,7 @@ class Block(Message):
     code: ClassVar[int] = 2
     id: BlockId
     root: int  # last confirmed token, not yet in the cloud's KV
-    candidates: bytes  # uint32 ids [n]
+    candidates: bytes  # varint ids [n]
     q: bytes  # float32 [n] draft probability of each candidate (empty when greedy)
     q_full: bytes = b""  # float32 [n, V] (baseline with full-distribution uplink only)
 
@@ -143,13 +189,13 @@ class Verdict(Message):
     id: BlockId
     accepted: int
     token: int  # next token, or -1 while the correction at position `accepted` is open
-    support_ids: bytes = b""  # uint32 [K] target top-K at the rejected position, by descending p
+    support_ids: bytes = b""  # varint ids [K] target top-K at the rejected position, by descending p
     support_p: bytes = b""  # float32 [K] their target probabilities
     tail: float = 0.0  # float32: target mass outside the support (delta_p)
     # "" (no rejection settled here), "recovery" (the cloud decided exact recovery from q(rejected) and
     # the bound q(v) <= 1 - q(rejected)), "residual" (full-uplink baselines: drawn from [p - q]+)
     settled_by: str = ""
-    proposal_ids: bytes = b""  # uint32 [N] exact-recovery proposals v ~ p (round 0), token == -1 only
+    proposal_ids: bytes = b""  # varint ids [N] exact-recovery proposals v ~ p (round 0), token == -1 only
     proposal_p: bytes = b""  # float32 [N] p(v)
     proposal_u: bytes = b""  # float32 [N] the uniforms the cloud decided with: the edge must use them
 
@@ -174,7 +220,7 @@ class Correction(Message):
     id: BlockId
     kind: str
     start: int
-    ids: bytes  # uint32: support entries, proposals, or empty for "full"
+    ids: bytes  # varint ids: support entries, proposals, or empty for "full"
     p: bytes  # float32: their target probabilities, or the whole p [V] for "full"
     tail: float = 0.0  # float32: target mass outside the support so far ("topk")
 
@@ -249,7 +295,7 @@ class Done(Message):
     code: ClassVar[int] = 22
     tag: int
     text: str
-    tokens: bytes  # uint32 ids
+    tokens: bytes  # varint ids
     finish_reason: str  # "eos" | "length"
     stats: dict
 
@@ -279,10 +325,17 @@ _WIRE_TYPES = {
 
 def encode(message: Message) -> bytes:
     body: list = [message.code]
-    for field in fields(message):  # type: ignore[arg-type]  # every Message is a dataclass
+    specs = fields(message)  # type: ignore[arg-type]  # every Message is a dataclass
+    for field in specs:
         value = getattr(message, field.name)
         body.append([value.request, value.base, value.n, value.config] if isinstance(value, BlockId) else value)
+    while len(body) > 1 and _is_default(specs[len(body) - 2], body[-1]):
+        body.pop()  # the uplink pays for every byte: a Block's empty q_full was 2 of them
     return msgpack.packb(body, use_bin_type=True)
+
+
+def _is_default(spec, value) -> bool:
+    return spec.default is not MISSING and type(value) is type(spec.default) and value == spec.default
 
 
 def decode(frame: bytes) -> Message:

@@ -60,6 +60,15 @@ def probabilities_problem(data: bytes, name: str) -> str | None:
     return None
 
 
+def ids_problem(data: bytes, name: str) -> str | None:
+    """A well-formed varint id array (protocol.pack_ids)."""
+    try:
+        wire.id_array(data)
+    except wire.ProtocolError as error:
+        return f"{name}: {error}"
+    return None
+
+
 def _mass_problem(value: float, name: str) -> str | None:
     if not math.isfinite(value) or not 0 <= value <= 1 + PROBABILITY_SLACK:
         return f"{name} must be a probability mass in [0, 1]"
@@ -84,10 +93,9 @@ def _block_id_problem(block_id: wire.BlockId) -> str | None:
 
 
 def _open_fields(m: wire.Open) -> str | None:
-    if len(m.tokens) % 4:
-        return "Open: token-id array length is not a multiple of 4"
-    count = len(m.tokens) // 4
+    count = wire.id_count(m.tokens)
     return _first(
+        ids_problem(m.tokens, "tokens"),
         _range_problem("request", m.request, 0, UINT64_MAX),
         _range_problem("tokens", count, 0, MAX_WIRE_TOKENS),
         _range_problem("prompt_len", m.prompt_len, 0, count + 1),
@@ -99,9 +107,10 @@ def _open_fields(m: wire.Open) -> str | None:
 
 
 def _block_fields(m: wire.Block) -> str | None:
-    if len(m.candidates) % 4:
-        return "Block: token-id array length is not a multiple of 4"
-    n = len(m.candidates) // 4
+    problem = ids_problem(m.candidates, "candidates")
+    if problem:
+        return problem
+    n = wire.id_count(m.candidates)
     if n != m.id.n or (m.q and len(m.q) != 4 * n) or (m.q_full and len(m.q_full) % (4 * max(n, 1))):
         return "Block: candidates, q and id disagree"
     return _first(
@@ -113,12 +122,15 @@ def _block_fields(m: wire.Block) -> str | None:
 
 
 def _verdict_fields(m: wire.Verdict) -> str | None:
-    if len(m.support_ids) != len(m.support_p) or len(m.support_ids) % 4:
+    problem = ids_problem(m.support_ids, "support_ids") or ids_problem(m.proposal_ids, "proposal_ids")
+    if problem:
+        return problem
+    if 4 * wire.id_count(m.support_ids) != len(m.support_p):
         return "Verdict: support ids and probabilities disagree"
-    proposals = (m.proposal_ids, m.proposal_p, m.proposal_u)
-    if len({len(a) for a in proposals}) != 1 or len(m.proposal_ids) % 4:
+    proposals = wire.id_count(m.proposal_ids)
+    if not 4 * proposals == len(m.proposal_p) == len(m.proposal_u):
         return "Verdict: proposal ids, probabilities and uniforms disagree"
-    if len(m.proposal_ids) > 4 * MAX_PROPOSALS:
+    if proposals > MAX_PROPOSALS:
         return f"Verdict: more than {MAX_PROPOSALS} proposals"
     if m.settled_by not in wire.SETTLED_BY:
         return f"unknown settlement {m.settled_by!r}"
@@ -150,7 +162,10 @@ def _query_fields(m: wire.CorrectionQuery) -> str | None:
 def _correction_fields(m: wire.Correction) -> str | None:
     if m.kind not in wire.CORRECTION_KINDS:
         return f"unknown correction kind {m.kind!r}"
-    if (m.kind != "full" and len(m.ids) != len(m.p)) or len(m.ids) % 4:
+    problem = ids_problem(m.ids, "ids")
+    if problem:
+        return problem
+    if m.kind != "full" and 4 * wire.id_count(m.ids) != len(m.p):
         return "Correction: ids and probabilities disagree"
     return _first(
         _block_id_problem(m.id),
@@ -207,7 +222,7 @@ def message_problem(message: wire.Message) -> str | None:
 
 def open_problem(message: wire.Open, vocab_size: int, max_length: int, first_k_cap: int) -> str | None:
     """An Open the cloud can prefill: its tokens fit the target's vocabulary and positions."""
-    tokens = np.frombuffer(message.tokens, dtype="<u4")
+    tokens = wire.id_array(message.tokens)
     if tokens.size + 1 > max_length:
         return f"{tokens.size} tokens exceed the target's {max_length} positions"
     if tokens.size and int(tokens.max()) >= vocab_size:
@@ -217,7 +232,7 @@ def open_problem(message: wire.Open, vocab_size: int, max_length: int, first_k_c
 
 def block_problem(block: wire.Block, sampled: bool, vocab_size: int, max_length: int, max_block: int) -> str | None:
     """A block the cloud can verify: width, positions, ids, and q present exactly when sampling needs it."""
-    candidates = np.frombuffer(block.candidates, dtype="<u4")
+    candidates = wire.id_array(block.candidates)
     if candidates.size > max_block:
         return f"{candidates.size} candidates exceed the verification width {max_block}"
     if block.id.base < 1 or block.id.base + candidates.size > max_length:
@@ -240,7 +255,7 @@ def reply_problem(message: wire.Message, vocab_size: int) -> str | None:
         ids = message.support_ids + message.proposal_ids
     elif isinstance(message, wire.Correction):
         ids = message.ids
-    values = np.frombuffer(ids, dtype="<u4")
+    values = wire.id_array(ids)
     if values.size and int(values.max()) >= vocab_size:
         return f"the cloud named a token outside the vocabulary ({vocab_size})"
     return None
