@@ -12,6 +12,7 @@ import torch
 from asyncspec.audio import load_audio
 from asyncspec.data.librivox import librivox_clips
 from asyncspec.decoding import as2d
+from asyncspec.ondevice import align
 from asyncspec.decoding.methods import METHODS
 from asyncspec.decoding.result import DecodeConfig
 from asyncspec.models.base import DecodeRequest
@@ -110,7 +111,7 @@ def test_shifted_stream_is_realigned_and_mostly_used(monkeypatch):
         return result.stats.as2d.coverage
 
     aligned = coverage()
-    monkeypatch.setattr(as2d, "realign", lambda stream, expected, root, previous: expected)
+    monkeypatch.setattr(align, "realign", lambda stream, expected, root, previous: expected)
     assert aligned > 0.75  # the shift costs about one round, not the rest of the stream
     assert aligned > coverage() + 0.3  # without realignment the shift ruins the rest
 

@@ -177,7 +177,7 @@ def _asyncspec_systems(args, names: list[str]) -> dict:
     from asyncspec.models.hf_whisper import WhisperBackend
     from asyncspec.models.registry import load_decoder
     from asyncspec.profiling.deployed import deployed_as2d
-    from asyncspec.run.models import make_producer
+    from asyncspec.transcription.loading import make_producer
 
     # asyncspec's share of the cores: its decoder runs on one thread (its small per-token ops
     # only slow down on two), the producer process on another; the encoder takes the threads its

@@ -24,7 +24,7 @@ from asyncspec.profiling.measure import (
     sweep_verify,
     verify_timings,
 )
-from asyncspec.run.models import make_producer, producer_spec
+from asyncspec.transcription.loading import make_producer, producer_spec
 
 REPEATS = 3  # native calibration runs per method (loop costs)
 

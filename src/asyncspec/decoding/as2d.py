@@ -15,23 +15,25 @@ from typing import Protocol
 
 import numpy as np
 
-from asyncspec.decoding.result import DecodeConfig, DecodeResult, DecodeStats, commit_token, output_limit
+from asyncspec.decoding.result import DecodeConfig, DecodeResult, DecodeStats, commit_token, observe_prefill, output_limit
 from asyncspec.decoding.speculative import verify_candidates
 from asyncspec.errors import InputError
 from asyncspec.models.base import Decoder, DecodeRequest
 from asyncspec.models.selftest import require_invariant
 from asyncspec.ondevice.accounting import account
-from asyncspec.ondevice.align import realign
-from asyncspec.ondevice.buffer import CandidateBuffer
+from asyncspec.ondevice.buffer import CandidateBuffer, CandidateProposer
+from asyncspec.sampling import decide, token_logprob
 from asyncspec.trace import StageEvent, Trace
 from asyncspec.verify import Verdict, greedy_verify
 
 METHOD = "as2d"
 DEFAULT_BUDGET = 6  # measured here: K <= 7 beat K <= 13 (a width-8 call costs ~1.8x width 1 on this CPU)
-CONFIDENCE_THRESHOLD = 0.4
 
 
 class Producer(Protocol):
+    """Where a request's candidates come from: a producer process, or a long-form window's view of
+    the file's publications (ondevice/timed_view.py)."""
+
     def start(self, audio: np.ndarray) -> CandidateBuffer: ...
 
     def finish(self, buffer: CandidateBuffer) -> None: ...
@@ -52,19 +54,18 @@ class RoundDriver(Protocol):
     def round_done(self, last: bool) -> None: ...  # after a round's commits (last: decoding ends)
 
 
-def as2d_rounds(driver: RoundDriver, buffer: CandidateBuffer, root: int, committed: list[int]) -> None:
-    """The As²d loop: at each boundary realign the cursor to the committed prefix, verify up to
-    `room` ready candidates after it together with the known root in one call, commit the matching
-    prefix and the target's own next token. With nothing ready the call is a one-token step."""
-    cursor, rounds = 0, 0
+def as2d_rounds(driver: RoundDriver, proposer: CandidateProposer, root: int, committed: list[int]) -> None:
+    """The As²d loop: at each boundary realign to the committed prefix, verify up to `room` ready
+    candidates after it together with the known root in one call, commit the matching prefix and
+    the target's own next token. With nothing ready the call is a one-token step."""
+    rounds = 0
     while driver.commit(root):
         if rounds:
             driver.round_done(last=False)
         with driver.aligning():
-            cursor = realign(buffer.tokens, cursor, root, committed[-2] if len(committed) > 1 else None)
-            candidates = buffer.ready(cursor + 1, driver.room(), CONFIDENCE_THRESHOLD)
+            candidates = proposer.propose(root, committed, driver.room())
         verdict = driver.verify(root, candidates)
-        cursor += verdict.accepted + 1
+        proposer.advance(verdict.accepted)
         rounds += 1
         if not all(driver.commit(token) for token in candidates[: verdict.accepted]):
             break
@@ -76,11 +77,19 @@ def as2d_rounds(driver: RoundDriver, buffer: CandidateBuffer, root: int, committ
 class _NativeRounds:
     """Rounds on the real target: its calls decide, the trace records the time."""
 
-    def __init__(self, target: Decoder, state, buffer: CandidateBuffer, budget: int, limit: int, trace: Trace):
-        self.target, self.state, self.buffer, self.budget, self.limit = target, state, buffer, budget, limit
+    def __init__(self, target: Decoder, state, buffer: CandidateBuffer, config: DecodeConfig, limit: int, trace: Trace):
+        self.target, self.state, self.buffer, self.config, self.limit = target, state, buffer, config, limit
+        self.budget = config.budget_for(METHOD, DEFAULT_BUDGET)
         self.trace, self.stats, self.committed = trace, DecodeStats(), list[int]()
+        self.first_root = self._decide(state.next_logits[None], 0)[0]
+        self.pending_logprobs = [token_logprob(state.next_logits, self.first_root)]  # per token still to commit
+
+    def _decide(self, logits, first_position: int) -> list[int]:
+        config = self.config
+        return decide(self.target, logits, config.temperature, config.seed, first_position)
 
     def commit(self, token: int) -> bool:
+        self.stats.logprobs.append(self.pending_logprobs.pop(0))
         return commit_token(token, self.committed, self.target.eos_ids, self.limit, self.stats)
 
     def room(self) -> int:
@@ -101,10 +110,18 @@ class _NativeRounds:
             candidates,
             self.trace,
             self.stats,
-            lambda logits: greedy_verify(target.greedy(logits), candidates),
+            lambda logits: self._verdict(logits, candidates),
         )
         if candidates:
             self.stats.observe_round(len(candidates), verdict.accepted)
+        return verdict
+
+    def _verdict(self, logits, candidates: list[int]) -> Verdict:
+        """Accept while each candidate is the target's own decision at its position (greedy, or
+        the positional sample: the same token target-only would draw there)."""
+        verdict = greedy_verify(self._decide(logits, len(self.committed)), candidates)
+        chosen = [*candidates[: verdict.accepted], verdict.next_token]
+        self.pending_logprobs = [token_logprob(logits[i], token) for i, token in enumerate(chosen)]
         return verdict
 
     def round_done(self, last: bool) -> None:
@@ -116,8 +133,8 @@ def decode_as2d(
 ) -> DecodeResult:
     if drafter is None or not hasattr(drafter, "start"):
         raise InputError("as2d needs a producer (a target-decoupled drafter process)")
-    if config.temperature > 0:
-        raise InputError("as2d is a greedy method (temperature 0)")
+    if config.temperature > 0 and not config.positional_sampling:
+        raise InputError("as2d samples only by position (a long-form window's temperature fallback)")
     require_invariant(target, METHOD)
     # The request arrives: drafting starts now, never before, and runs on its own core while the
     # target encodes the audio and prefills its prompt (it reads only the audio, never target state).
@@ -127,11 +144,11 @@ def decode_as2d(
     buffer = drafter.start(request.audio)
     with trace.stage("prefill"):
         state = target.prefill(request)
-    budget = config.budget_for(METHOD, DEFAULT_BUDGET)
-    rounds = _NativeRounds(target, state, buffer, budget, output_limit(request, target), trace)
+    rounds = _NativeRounds(target, state, buffer, config, output_limit(request, target), trace)
     stats = rounds.stats
     stats.prefill_s = trace.now()
-    as2d_rounds(rounds, buffer, target.greedy(state.next_logits)[0], rounds.committed)
+    observe_prefill(stats, state)
+    as2d_rounds(rounds, buffer.make_proposer(), rounds.first_root, rounds.committed)
     stats.decode_s = trace.now() - stats.prefill_s
     drafter.finish(buffer)
     stats.as2d = _as2d_figures(trace, buffer, stats, len(rounds.committed))

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from asyncspec.models.base import Decoder, DecodeRequest
+from asyncspec.models.base import Decoder, DecoderState, DecodeRequest
 from asyncspec.trace import Trace
 
 if TYPE_CHECKING:
@@ -19,6 +19,8 @@ class DecodeConfig:
     budget: int | None = None  # proposals per round for every method (--budget; None: each method's own)
     # per-method budgets used when `budget` is unset, e.g. As²d's deployed configuration's
     method_budgets: tuple[tuple[str, int], ...] = ()
+    # sampling keyed by output position (sampling.py): every method draws target-only's sample
+    positional_sampling: bool = False
 
     def budget_for(self, method: str, default: int) -> int:
         """The method's proposals per round: --budget, else its configured one, else its default."""
@@ -47,6 +49,9 @@ class DecodeStats:
     convert_s: float = 0.0
     as2d: As2dFigures | None = None  # As²d's own figures (stage accounting, buffer, producer)
     notes: dict = field(default_factory=dict)  # a benchmark's annotations (e.g. bench ondevice's sd sweep)
+    # log p of every committed token and of the end of text, under the target's masked logits
+    logprobs: list[float] = field(default_factory=list)
+    prefill_figures: dict = field(default_factory=dict)  # what the backend measured at prefill (no-speech p)
 
     @property
     def extra(self) -> dict:
@@ -89,6 +94,10 @@ class DecodeResult:
     @property
     def tps(self) -> float:
         return self.stats.tps(len(self.tokens))
+
+
+def observe_prefill(stats: DecodeStats, state: DecoderState) -> None:
+    stats.prefill_figures = dict(state.extras.get("figures", {}))
 
 
 def output_limit(request: DecodeRequest, target: Decoder) -> int:

@@ -14,7 +14,7 @@ from typing import Protocol
 import torch
 
 from asyncspec.decoding.drafter import DrafterCounters, Proposal
-from asyncspec.decoding.result import DecodeConfig, DecodeResult, DecodeStats, commit_token, output_limit
+from asyncspec.decoding.result import DecodeConfig, DecodeResult, DecodeStats, commit_token, observe_prefill, output_limit
 from asyncspec.models.base import Decoder, DecodeRequest, DecoderState
 from asyncspec.models.selftest import require_invariant
 from asyncspec.sampling import make_generator, next_token
@@ -42,6 +42,7 @@ def speculative_decode(
         state = target.prefill(request)
         source.start(request)
     stats.prefill_s = trace.now()
+    observe_prefill(stats, state)
     root = next_token(target, state.next_logits, config.temperature, generator)
     limit = output_limit(request, target)
     while commit_token(root, committed, target.eos_ids, limit, stats):

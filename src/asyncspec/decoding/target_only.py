@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from asyncspec.decoding.result import DecodeConfig, DecodeResult, DecodeStats, commit_token, output_limit
+from asyncspec.decoding.result import DecodeConfig, DecodeResult, DecodeStats, commit_token, observe_prefill, output_limit
 from asyncspec.models.base import Decoder, DecodeRequest
-from asyncspec.sampling import make_generator, next_token
+from asyncspec.sampling import decide, make_generator, next_token, token_logprob
 from asyncspec.trace import Trace
 
 METHOD = "target"
@@ -19,13 +19,20 @@ def decode_target_only(
     with trace.stage("prefill"):
         state = target.prefill(request)
     stats.prefill_s = trace.now()
-    token = next_token(target, state.next_logits, config.temperature, generator)
+    observe_prefill(stats, state)
+    logits = state.next_logits
     limit = output_limit(request, target)
-    while commit_token(token, tokens, target.eos_ids, limit, stats):
+    while True:
+        if config.positional_sampling:
+            token = decide(target, logits[None], config.temperature, config.seed, len(tokens))[0]
+        else:
+            token = next_token(target, logits, config.temperature, generator)
+        stats.logprobs.append(token_logprob(logits, token))
+        if not commit_token(token, tokens, target.eos_ids, limit, stats):
+            break
         with trace.stage("verify", width=1):
-            logits = target.extend(state, [token])
+            logits = target.extend(state, [token])[-1]
         stats.target_calls += 1
         stats.call_widths.append(1)
-        token = next_token(target, logits[-1], config.temperature, generator)
     stats.decode_s = trace.now() - stats.prefill_s
     return DecodeResult(METHOD, tokens, stats, trace)

@@ -5,6 +5,7 @@ transformers' own forward for a drafter (`engine="transformers"`)."""
 from __future__ import annotations
 
 import copy
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -25,6 +26,7 @@ from asyncspec.models.fixed_shape import CallShape
 from asyncspec.models.forward_whisper import WhisperBlockForward
 from asyncspec.models.kv_backend import DEFAULT_WIDTH, FIXED_SHAPE, KVBackend
 from asyncspec.models.tokenizer import TextTokenizer
+from asyncspec.models.whisper_rules import TimestampRules, apply_timestamp_rules
 
 MULTILINGUAL_VOCAB = 51865
 
@@ -59,6 +61,8 @@ class WhisperBackend(KVBackend):
         begin = _token_list(model, "begin_suppress_tokens")
         self._suppress = _mask(self.vocab_size, suppress)
         self._suppress_begin = _mask(self.vocab_size, suppress + begin)
+        self.timestamp_rules = _timestamp_rules(tokenizer)
+        self.no_speech_id = _first_token(tokenizer, "<|nospeech|>", "<|nocaptions|>")
         self._init_engine(engine, shape)
 
     @classmethod
@@ -79,19 +83,32 @@ class WhisperBackend(KVBackend):
         self.encoder_placement = placement
         self.model.model.encoder.to(placement.torch_dtype)
 
-    def prompt_ids(self, language: str = "en") -> tuple[int, ...]:
-        """Start of transcript, [language, transcribe,] no timestamps."""
+    def prompt_ids(
+        self, language: str = "en", timestamps: bool = False, previous: Sequence[int] = ()
+    ) -> tuple[int, ...]:
+        """[<|startofprev|> previous text,] start of transcript, [language, transcribe,] and
+        <|notimestamps|> unless the window is decoded with timestamps. At most the last
+        max_length // 2 - 1 previous tokens are kept, as openai-whisper and faster-whisper do."""
         token = self.tokenizer.token_id
-        if not self.multilingual:
-            return (token("<|startoftranscript|>"), token("<|notimestamps|>"))
-        try:
-            lang = token(f"<|{language}|>")
-        except KeyError:
-            raise InputError(f"{self.name} has no language {language!r}") from None
-        return (token("<|startoftranscript|>"), lang, token("<|transcribe|>"), token("<|notimestamps|>"))
+        keep = self.max_length // 2 - 1
+        head = (token("<|startofprev|>"), *previous[-keep:]) if previous else ()
+        start: tuple[int, ...] = (token("<|startoftranscript|>"),)
+        if self.multilingual:
+            try:
+                start += (token(f"<|{language}|>"), token("<|transcribe|>"))
+            except KeyError:
+                raise InputError(f"{self.name} has no language {language!r}") from None
+        return head + start + (() if timestamps else (self.timestamp_rules.no_timestamps,))
 
-    def request(self, audio: np.ndarray, language: str = "en", max_new_tokens: int | None = None) -> DecodeRequest:
-        prompt = self.prompt_ids(language)
+    def request(
+        self,
+        audio: np.ndarray,
+        language: str = "en",
+        max_new_tokens: int | None = None,
+        timestamps: bool = False,
+        previous: Sequence[int] = (),
+    ) -> DecodeRequest:
+        prompt = self.prompt_ids(language, timestamps, previous)
         room = self.max_length - len(prompt)
         return DecodeRequest(prompt_ids=prompt, audio=audio, max_new_tokens=min(max_new_tokens or room, room))
 
@@ -114,9 +131,14 @@ class WhisperBackend(KVBackend):
             if request.audio is None:
                 raise ValueError("a Whisper request needs audio")
             encoded = self.encode_audio(request.audio)
-        state = self._new_state(len(request.prompt_ids), encoded)
+        prompt = request.prompt_ids
+        state = self._new_state(len(prompt), encoded)
         state.extras["encoded"] = encoded
-        self.prefill_tokens(state, request.prompt_ids, len(request.prompt_ids))
+        state.extras["timestamps"] = self.timestamp_rules.no_timestamps not in prompt
+        rows = self.prefill_tokens(state, prompt, len(prompt))
+        # Whisper's no-speech probability: the unmasked row after <|startoftranscript|>
+        sot = prompt.index(self.tokenizer.token_id("<|startoftranscript|>"))
+        state.extras["figures"] = {"no_speech_prob": float(torch.softmax(rows[sot], dim=-1)[self.no_speech_id])}
         return state
 
     def probe_context(self) -> torch.Tensor:
@@ -148,14 +170,37 @@ class WhisperBackend(KVBackend):
     def _self_attention_cache(self, state: DecoderState):
         return state.cache.self_attention_cache
 
-    def _suppressed(self, state: DecoderState, n: int) -> torch.Tensor:
-        """Row i predicts position state.length + i + 1; the first output position also gets the
-        begin-suppression (no blank, no immediate end), as Whisper's reference decoder does."""
-        rows = self._suppress.expand(n, -1).clone()
-        first_output_row = state.prompt_len - state.length - 1
-        if 0 <= first_output_row < n:
-            rows[first_output_row] = self._suppress_begin
-        return rows
+    def _apply_rules(self, state: DecoderState, tokens: list[int], logits: torch.Tensor) -> None:
+        """Row i predicts position state.length + i + 1. Rows that predict an output token get the
+        suppressed tokens (the first output position also the begin-suppression: no blank, no
+        immediate end, as Whisper's reference decoder does) and, in a window decoded with
+        timestamps, the timestamp rules over the output tokens before them. Rows inside the
+        prompt stay raw (the no-speech probability is read from one)."""
+        first_output_row = max(state.prompt_len - state.length - 1, 0)
+        if first_output_row >= len(tokens):
+            return
+        rows = logits[first_output_row:]
+        rows.masked_fill_(self._suppress, float("-inf"))
+        if first_output_row == state.prompt_len - state.length - 1:
+            rows[0].masked_fill_(self._suppress_begin, float("-inf"))
+        if state.extras.get("timestamps"):
+            sequence = state.tokens + tokens
+            ends = range(state.length + first_output_row + 1, state.length + len(tokens) + 1)
+            apply_timestamp_rules(self.timestamp_rules, rows, [sequence[state.prompt_len : end] for end in ends])
+
+
+def _timestamp_rules(tokenizer: TextTokenizer) -> TimestampRules:
+    no_timestamps = tokenizer.token_id("<|notimestamps|>")
+    # English-only tokenizers may not list the timestamps: they follow <|notimestamps|>
+    begin = _first_token(tokenizer, "<|0.00|>") if tokenizer.backend.token_to_id("<|0.00|>") else no_timestamps + 1
+    return TimestampRules(timestamp_begin=begin, eot=tokenizer.token_id("<|endoftext|>"), no_timestamps=no_timestamps)
+
+
+def _first_token(tokenizer: TextTokenizer, *names: str) -> int:
+    for name in names:
+        if tokenizer.backend.token_to_id(name) is not None:
+            return tokenizer.token_id(name)
+    raise KeyError(f"none of {names} is in the vocabulary")
 
 
 def _token_list(model: WhisperForConditionalGeneration, key: str) -> list[int]:

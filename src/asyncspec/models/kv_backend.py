@@ -81,17 +81,18 @@ class KVBackend:
 
     @torch.inference_mode()
     def prefill_tokens(self, state: DecoderState, tokens: Sequence[int], prompt_len: int) -> torch.Tensor:
-        """Fill an empty state with a prompt (and any output after it), in the blocks every run of
-        the request uses: the prompt but its last token in prefill blocks, the rest as decoding
-        calls. The last prompt token is a decoding call because the cloud verifier receives it as
-        the root of the request's first block."""
+        """Fill an empty state with a prompt (and any output after it); logits [len(tokens), V].
+        In the blocks every run of the request uses: the prompt but its last token in prefill
+        blocks, the rest as decoding calls. The last prompt token is a decoding call because the
+        cloud verifier receives it as the root of the request's first block."""
         if state.length:
             raise ValueError("prefill_tokens needs an empty state")
         head = list(tokens[: max(prompt_len - 1, 0)])
         tail = list(tokens[len(head) :])
         state.prompt_len = prompt_len
-        logits = self._append(state, head, prefill=True) if head else None
-        return self._append(state, tail, prefill=False) if tail else logits
+        calls = [self._append(state, head, prefill=True)] if head else []
+        calls += [self._append(state, tail, prefill=False)] if tail else []
+        return torch.cat(calls) if len(calls) > 1 else calls[0]
 
     def _append(self, state: DecoderState, tokens: Sequence[int], prefill: bool) -> torch.Tensor:
         tokens = [int(t) for t in tokens]
@@ -109,9 +110,7 @@ class KVBackend:
         else:
             raw = torch.nn.functional.linear(self._hidden(state, torch.tensor([tokens]))[0], self._output_weight())
         logits = raw.float()
-        suppressed = self._suppressed(state, len(tokens))
-        if suppressed is not None:
-            logits.masked_fill_(suppressed, float("-inf"))
+        self._apply_rules(state, tokens, logits)
         state.tokens.extend(tokens)
         state.next_logits = logits[-1]
         return logits
@@ -145,6 +144,13 @@ class KVBackend:
 
     def _self_attention_cache(self, state: DecoderState):
         return state.cache
+
+    def _apply_rules(self, state: DecoderState, tokens: list[int], logits: torch.Tensor) -> None:
+        """Mask logits [len(tokens), V] in place by the backend's decision rules; row i follows
+        state.tokens + tokens[: i + 1] (nothing of the call it is in)."""
+        suppressed = self._suppressed(state, len(tokens))
+        if suppressed is not None:
+            logits.masked_fill_(suppressed, float("-inf"))
 
     def _suppressed(self, state: DecoderState, n: int) -> torch.Tensor | None:
         return None

@@ -10,7 +10,12 @@ positions. Nothing here reads or changes the producer: only the cursor moves.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
+if TYPE_CHECKING:
+    from asyncspec.ondevice.buffer import CandidateBuffer
+
+CONFIDENCE_THRESHOLD = 0.4  # a source with confidences: stop a proposal after its first less sure token
 SEARCH_RADIUS = 8  # positions on each side of the expected slot
 WIDE_RADIUS = 48  # second pass: a (previous, root) pair match this far away re-finds a drifted stream
 
@@ -44,3 +49,19 @@ def _pair_match(stream: Sequence[int], expected: int, root: int, previous: int) 
             if 0 < slot < len(stream) and stream[slot] == root and stream[slot - 1] == previous:
                 return slot
     return expected
+
+
+class CursorProposer:
+    """One request's cursor over its buffer's token stream: realigned to the committed prefix at
+    every boundary, the ready candidates after it proposed."""
+
+    def __init__(self, buffer: CandidateBuffer):
+        self.buffer, self.cursor = buffer, 0
+
+    def propose(self, root: int, committed: list[int], room: int) -> list[int]:
+        previous = committed[-2] if len(committed) > 1 else None
+        self.cursor = realign(self.buffer.tokens, self.cursor, root, previous)
+        return self.buffer.ready(self.cursor + 1, room, CONFIDENCE_THRESHOLD)
+
+    def advance(self, accepted: int) -> None:
+        self.cursor += accepted + 1

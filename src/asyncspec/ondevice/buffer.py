@@ -22,6 +22,18 @@ class PublishedBatch:
     confidences: tuple[float, ...] | None  # drafter probability per token, when the source has it
     started: float  # perf_counter time the producer began this batch's work
     published: float  # perf_counter time it was handed to the buffer
+    start_s: float | None = None  # the audio it drafted from, in seconds of the request's audio
+    end_s: float | None = None
+
+
+class CandidateProposer(Protocol):
+    """Which published candidates the target verifies next, given what it has committed."""
+
+    def propose(self, root: int, committed: list[int], room: int) -> list[int]: ...
+
+    def advance(self, accepted: int) -> None:
+        """The last proposal's first `accepted` candidates were committed, then the target's own token."""
+        ...
 
 
 class BatchChannel(Protocol):
@@ -85,6 +97,11 @@ class CandidateBuffer:
         self.tokens.extend(batch.tokens)
         self.confidences.extend(batch.confidences or [None] * len(batch.tokens))
         self.publish_times.extend([batch.published] * len(batch.tokens))
+
+    def make_proposer(self) -> CandidateProposer:
+        from asyncspec.ondevice.align import CursorProposer
+
+        return CursorProposer(self)
 
     def ready(self, start: int, limit: int, min_confidence: float | None = None) -> list[int]:
         """Up to `limit` published tokens from `start`; with confidences, stop after the first

@@ -82,7 +82,10 @@ class ChunkedWhisperSource:
             if offset and text and not text[0].isspace():
                 text = " " + text
             tokens = tuple(self.target.encode(text))
-            publish(PublishedBatch(request_id, self.name, offset, tokens, None, began, time.perf_counter()))
+            start_s, end_s = start / SAMPLE_RATE, end / SAMPLE_RATE
+            publish(
+                PublishedBatch(request_id, self.name, offset, tokens, None, began, time.perf_counter(), start_s, end_s)
+            )
             offset += len(tokens)
 
     def _recognise(self, chunk: np.ndarray, history: list[int]) -> list[int]:

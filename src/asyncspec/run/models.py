@@ -43,48 +43,14 @@ def load_models(
 
 
 def spawn_producer_early(options: DecodingOptions):
-    """The producer for `options.model`, spawned before the target loads (its tokenizer read from the
-    model's files); None when those files are not at hand (it then starts after the target)."""
-    from pathlib import Path
+    from asyncspec.transcription.loading import spawn_producer_early as spawn
 
-    from asyncspec.models.registry import resolve_source
-    from asyncspec.ondevice.producer import ProducerProcess
-
-    try:
-        tokenizer_file = Path(resolve_source(options.model)[0]) / "tokenizer.json"
-    except (InputError, ModelNotPreparedError):
-        return None  # the target's own load reports it
-    if not tokenizer_file.is_file():
+    if options.model is None:
         return None
-    spec = producer_spec(
-        options.producer, options.chunk_s, options.producer_model, options.dtype, tokenizer_file.read_text()
-    )
-    return ProducerProcess(spec, wait=False)
+    return spawn(options.model, options.producer, options.chunk_s, options.producer_model, options.dtype)
 
 
 def start_producer(options: DecodingOptions, target: Decoder):
+    from asyncspec.transcription.loading import make_producer
+
     return make_producer(options.producer, options.chunk_s, options.producer_model, options.dtype, target)
-
-
-def make_producer(kind: str, chunk_s: float, producer_model: str, dtype: str, target: Decoder):
-    """A persistent producer worker process for As²d (close it when done)."""
-    from asyncspec.ondevice.producer import ProducerProcess
-
-    return ProducerProcess(producer_spec(kind, chunk_s, producer_model, dtype, target.tokenizer.backend.to_str()))
-
-
-def producer_spec(kind: str, chunk_s: float, producer_model: str, dtype: str, target_tokenizer_json: str):
-    from asyncspec.models.offline import ct2_model_dir
-    from asyncspec.ondevice.producer import ProducerSpec
-
-    if chunk_s <= 0:
-        raise InputError(f"--chunk-s must be positive, got {chunk_s}")
-    chunked = kind == "ct2-chunk"
-    return ProducerSpec(
-        kind=kind,
-        model_dir=str(ct2_model_dir(producer_model)) if chunked else "",
-        drafter=producer_model,
-        dtype=dtype,
-        target_tokenizer_json=target_tokenizer_json,
-        chunk_s=chunk_s,
-    )

@@ -1,0 +1,202 @@
+"""Whisper's long-form algorithm over a whole recording, on any decode method.
+
+A window is the 30 s of audio from the seek. It is decoded with timestamps, conditioned on the
+previous windows' text (`<|startofprev|>`), and checked as faster-whisper checks it (its default
+thresholds): a window that is too repetitive (gzip compression ratio) or too unlikely (average
+log-probability) is decoded again at the next temperature, sampled by output position and seeded
+per window, best of `best_of`; a window the model finds silent (no-speech probability over the
+threshold and unlikely text) is skipped and counted. Its complete segments are kept and the next
+window starts at the last complete timestamp, so a window boundary never cuts speech.
+
+The decode method only ever sees a `DecodeRequest` and a `DecodeConfig`, so target-only and every
+speculative method run this loop identically; greedy windows and positional samples are the same
+tokens under every method, and so are the seeks, prompts and segments that follow from them.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from asyncspec.audio import SAMPLE_RATE
+from asyncspec.decoding.result import DecodeConfig, DecodeResult
+from asyncspec.models.base import DecodeRequest
+from asyncspec.transcription.segments import FRAMES_PER_SECOND, Segment, split_by_timestamps, text_of
+
+SAMPLES_PER_FRAME = SAMPLE_RATE // FRAMES_PER_SECOND
+WINDOW_FRAMES = 30 * FRAMES_PER_SECOND
+DEFAULT_TEMPERATURES = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
+
+# (request, config, seek_s, end_s) -> the method's result for that window
+WindowDecoder = Callable[[DecodeRequest, DecodeConfig, float, float], DecodeResult]
+
+
+@dataclass(frozen=True)
+class LongformOptions:
+    """faster-whisper's defaults, greedy at temperature 0."""
+
+    language: str = "en"
+    temperatures: tuple[float, ...] = DEFAULT_TEMPERATURES
+    best_of: int = 5
+    compression_ratio_threshold: float | None = 2.4
+    log_prob_threshold: float | None = -1.0
+    no_speech_threshold: float | None = 0.6
+    condition_on_previous_text: bool = True
+    prompt_reset_on_temperature: float = 0.5
+    seed: int = 0
+
+
+@dataclass
+class Attempt:
+    """One decode of a window at one temperature."""
+
+    request: DecodeRequest
+    result: DecodeResult
+    temperature: float
+    avg_logprob: float
+    compression_ratio: float
+    no_speech_prob: float
+
+
+@dataclass
+class WindowOutcome:
+    index: int
+    seek: int  # mel frame the window starts at
+    frames: int  # its length in frames
+    chosen: Attempt
+    attempts: list[Attempt]  # every decode tried, greedy first
+    skipped: bool  # judged silent: nothing kept
+    segments: list[Segment] = field(default_factory=list)
+    next_seek: int = 0
+
+    @property
+    def fell_back(self) -> bool:
+        return self.chosen.temperature > 0
+
+
+def transcribe_windows(
+    target, decode_window: WindowDecoder, samples: np.ndarray, options: LongformOptions
+) -> Iterator[WindowOutcome]:
+    """Every window of the recording in order, until the seek passes its end."""
+    content_frames = len(samples) // SAMPLES_PER_FRAME
+    seek, index, history, reset_since, segment_id = 0, 0, list[int](), 0, 0
+    while seek < content_frames:
+        frames = min(WINDOW_FRAMES, content_frames - seek)
+        end = len(samples) if seek + frames >= content_frames else (seek + frames) * SAMPLES_PER_FRAME
+        audio = samples[seek * SAMPLES_PER_FRAME : end]
+        previous = history[reset_since:] if options.condition_on_previous_text else []
+        attempts = _decode_with_fallback(target, decode_window, audio, previous, seek, index, options)
+        chosen = _choose(attempts, options)
+        outcome = WindowOutcome(index, seek, frames, chosen, attempts, _is_silent(chosen, options))
+        if outcome.skipped:
+            outcome.next_seek = seek + frames
+        else:
+            outcome.segments, outcome.next_seek = _segments(target, outcome, segment_id)
+            segment_id += len(outcome.segments)
+            history += [t for segment in outcome.segments for t in segment.tokens]
+        if not options.condition_on_previous_text or chosen.temperature > options.prompt_reset_on_temperature:
+            reset_since = len(history)
+        yield outcome
+        seek, index = max(outcome.next_seek, seek + 1), index + 1  # always forward, however the window ended
+
+
+def _decode_with_fallback(target, decode_window, audio, previous, seek: int, index: int, options) -> list[Attempt]:
+    request = target.request(audio, language=options.language, timestamps=True, previous=previous)
+    seek_s, end_s = seek / FRAMES_PER_SECOND, seek / FRAMES_PER_SECOND + len(audio) / SAMPLE_RATE
+    attempts: list[Attempt] = []
+    for level, temperature in enumerate(options.temperatures):
+        draws = 1 if temperature <= 0 else max(options.best_of, 1)
+        tried = []
+        for draw in range(draws):
+            config = DecodeConfig(temperature=temperature, seed=_seed(options.seed, index, level, draw))
+            if temperature > 0:
+                config = DecodeConfig(temperature=temperature, seed=config.seed, positional_sampling=True)
+            tried.append(_attempt(target, request, decode_window(request, config, seek_s, end_s), temperature))
+        attempts.append(max(tried, key=lambda attempt: attempt.avg_logprob))
+        if not _needs_fallback(attempts[-1], options):
+            break
+    return attempts
+
+
+def _seed(seed: int, window: int, level: int, draw: int) -> int:
+    return ((seed * 100_003 + window) * 31 + level) * 17 + draw
+
+
+def _attempt(target, request: DecodeRequest, result: DecodeResult, temperature: float) -> Attempt:
+    tokens = result.tokens
+    text = text_of(target.tokenizer, target.timestamp_rules, tokens).strip()
+    return Attempt(
+        request=request,
+        result=result,
+        temperature=temperature,
+        avg_logprob=sum(result.stats.logprobs) / (len(tokens) + 1),
+        compression_ratio=compression_ratio(text),
+        no_speech_prob=float(result.stats.prefill_figures.get("no_speech_prob", 0.0)),
+    )
+
+
+def compression_ratio(text: str) -> float:
+    """gzip's ratio on the text: repetitive (looping) output compresses far better than speech."""
+    data = text.encode("utf-8")
+    return len(data) / len(zlib.compress(data)) if data else 0.0
+
+
+def _needs_fallback(attempt: Attempt, options: LongformOptions) -> bool:
+    too_repetitive = (
+        options.compression_ratio_threshold is not None
+        and attempt.compression_ratio > options.compression_ratio_threshold
+    )
+    unlikely = options.log_prob_threshold is not None and attempt.avg_logprob < options.log_prob_threshold
+    silent = (
+        options.no_speech_threshold is not None and attempt.no_speech_prob > options.no_speech_threshold and unlikely
+    )
+    return (too_repetitive or unlikely) and not silent
+
+
+def _choose(attempts: list[Attempt], options: LongformOptions) -> Attempt:
+    """The last attempt if it passed; when every temperature failed, the likeliest attempt that is
+    not too repetitive (else the likeliest), carrying the last temperature (the prompt reset reads it)."""
+    if not _needs_fallback(attempts[-1], options):
+        return attempts[-1]
+    threshold = options.compression_ratio_threshold
+    plausible = [a for a in attempts if threshold is None or a.compression_ratio <= threshold] or attempts
+    best = max(plausible, key=lambda attempt: attempt.avg_logprob)
+    return Attempt(best.request, best.result, attempts[-1].temperature, best.avg_logprob, best.compression_ratio,
+                   best.no_speech_prob)
+
+
+def _is_silent(attempt: Attempt, options: LongformOptions) -> bool:
+    if options.no_speech_threshold is None or attempt.no_speech_prob <= options.no_speech_threshold:
+        return False
+    return options.log_prob_threshold is None or attempt.avg_logprob <= options.log_prob_threshold
+
+
+def _segments(target, outcome: WindowOutcome, first_id: int) -> tuple[list[Segment], int]:
+    rules, chosen = target.timestamp_rules, outcome.chosen
+    pieces, next_seek = split_by_timestamps(
+        rules, chosen.result.tokens, outcome.seek / FRAMES_PER_SECOND, outcome.seek, outcome.frames
+    )
+    segments = []
+    for piece in pieces:
+        text = text_of(target.tokenizer, rules, piece.tokens)
+        if piece.start == piece.end or not text.strip():
+            continue  # as faster-whisper: neither output nor conditioning
+        segments.append(
+            Segment(
+                id=first_id + len(segments) + 1,
+                seek=outcome.seek,
+                start=round(piece.start, 3),
+                end=round(piece.end, 3),
+                text=text,
+                tokens=piece.tokens,
+                avg_logprob=chosen.avg_logprob,
+                compression_ratio=chosen.compression_ratio,
+                no_speech_prob=chosen.no_speech_prob,
+                temperature=chosen.temperature,
+                window=outcome.index,
+            )
+        )
+    return segments, next_seek
