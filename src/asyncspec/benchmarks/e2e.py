@@ -31,8 +31,16 @@ if TYPE_CHECKING:  # the check imports torch: not while the command line is only
 
 HELP = "audio file to text: asyncspec target-only and As²d vs faster-whisper int8/float32, same weights"
 ASYNCSPEC_SYSTEMS = ("target", "as2d")
-FASTER_WHISPER = {"faster-whisper-int8": "int8", "faster-whisper-float32": "float32"}
+# name -> (compute type, preset of e2e_systems.FASTER_WHISPER_PRESETS). The unsuffixed names are the
+# stripped settings the short-file figures were measured with; -greedy is faster-whisper's long-form
+# algorithm greedy (timestamps, conditioning, fallback), -default its transcribe defaults (beam 5).
+FASTER_WHISPER = {
+    f"faster-whisper-{compute}{suffix}": (compute, preset)
+    for compute in ("int8", "float32")
+    for suffix, preset in (("", "stripped"), ("-greedy", "greedy"), ("-default", "default"))
+}
 SYSTEMS = ASYNCSPEC_SYSTEMS + tuple(FASTER_WHISPER)
+DEFAULT_SYSTEMS = ("target", "as2d", "faster-whisper-int8", "faster-whisper-float32")
 AUDIO_SUFFIXES = {".wav", ".flac", ".ogg", ".mp3"}
 
 
@@ -51,7 +59,7 @@ def add_arguments(parser) -> None:
         "clips and 10-25 s windows joined from them)",
     )
     parser.add_argument("--out", default="out", help="folder for bench_e2e.json, bench_e2e.png (and joined audio)")
-    parser.add_argument("--systems", default=",".join(SYSTEMS), help=f"comma list of: {', '.join(SYSTEMS)}")
+    parser.add_argument("--systems", default=",".join(DEFAULT_SYSTEMS), help=f"comma list of: {', '.join(SYSTEMS)}")
     parser.add_argument("--threads", type=int, default=_cores(), help="threads of every system (all cores)")
     parser.add_argument(
         "--order",
@@ -164,7 +172,8 @@ def load_systems(args, names: list[str], stack: ExitStack) -> dict:
         systems.update(_asyncspec_systems(args, names))
     for name in names:
         if name in FASTER_WHISPER:
-            systems[name] = FasterWhisperSystem(args.model, FASTER_WHISPER[name], args.threads)
+            compute_type, preset = FASTER_WHISPER[name]
+            systems[name] = FasterWhisperSystem(args.model, compute_type, args.threads, preset)
     for system in systems.values():
         stack.callback(system.close)
     return {name: systems[name] for name in names}

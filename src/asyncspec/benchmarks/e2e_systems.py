@@ -1,6 +1,7 @@
 """The systems `asyncspec bench e2e` times from audio file to text: asyncspec (target-only, As²d)
 through the library path `asyncspec transcribe` uses, and faster-whisper (CTranslate2) on the same
-Whisper weights, greedy, no VAD, the same 30 s windows.
+Whisper weights under a named preset (`FASTER_WHISPER_PRESETS`): its own long-form algorithm
+greedy, its transcribe defaults (beam 5), or stripped to asyncspec's blind 30 s windows.
 
 asyncspec's cache holds the transformers conversion of the weights; faster-whisper reads the
 CTranslate2 files as they ship. They go into a derived directory beside the prepared models
@@ -18,6 +19,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 from asyncspec.errors import InputError
 from asyncspec.models.offline import REGISTRY, assemble_source, cache_root, package_file, prepare
@@ -25,18 +27,54 @@ from asyncspec.models.offline import REGISTRY, assemble_source, cache_root, pack
 FASTER_WHISPER_HINT = "pip install 'asyncspec[bench]'  (or: pip install faster-whisper==1.2.1)"
 DIRECTORY_MARKER = "asyncspec-ct2.json"
 
+# What each preset passes to WhisperModel.transcribe; every other argument keeps faster-whisper's
+# default (see faster_whisper_settings). language="en" in all: no detection pass, English audio.
+FASTER_WHISPER_PRESETS: dict[str, dict] = {
+    # Its long-form algorithm (timestamps, seek, previous-text conditioning, temperature fallback,
+    # its thresholds) with greedy search: only beam_size and best_of differ from its defaults.
+    "greedy": {"language": "en", "beam_size": 1, "best_of": 1},
+    # Its transcribe defaults as a user who sets nothing gets them: beam search of 5.
+    "default": {"language": "en"},
+    # The settings asyncspec decoded with before its long-form algorithm: greedy, no timestamps,
+    # no conditioning, no fallback, no checks (they only choose whether to fall back or drop a
+    # window), each 30 s window cut blind. It drops speech on long files; kept for the short-file
+    # figures measured with it.
+    "stripped": {
+        "language": "en",
+        "beam_size": 1,
+        "best_of": 1,
+        "temperature": 0.0,
+        "condition_on_previous_text": False,
+        "without_timestamps": True,
+        "vad_filter": False,
+        "compression_ratio_threshold": None,
+        "log_prob_threshold": None,
+        "no_speech_threshold": None,
+    },
+}
+# The issue's names: faster-whisper's long-form settings greedy, and its defaults.
+PRESET_NAMES = {"longform-greedy": "greedy", "defaults": "default"}
+
 
 def faster_whisper_installed() -> bool:
     return importlib.util.find_spec("faster_whisper") is not None
 
 
+class Segment(NamedTuple):
+    start: float  # seconds into the file
+    end: float
+    text: str
+
+
 @dataclass
 class Transcript:
     """One file's output. asyncspec's systems also give (request, token ids) per 30 s window, for
-    the exactness check, and their seconds in prefill (features, encoder, prompt) and decode."""
+    the exactness check, and their seconds in prefill (features, encoder, prompt) and decode;
+    faster-whisper's give its segments."""
 
     text: str
     windows: list = field(default_factory=list)
+    segments: list[Segment] = field(default_factory=list)
     prefill_s: float = 0.0
     decode_s: float = 0.0
 
@@ -115,12 +153,17 @@ class AsyncspecSystem(StreamingSystem):
 
 
 class FasterWhisperSystem(StreamingSystem):
-    """faster-whisper on the CTranslate2 files of `model`, greedy with no temperature fallback, no
-    VAD, no timestamps and no conditioning on earlier windows: the settings asyncspec decodes with."""
+    """faster-whisper on the CTranslate2 files of `model`, no VAD, under one of
+    FASTER_WHISPER_PRESETS ("greedy", "default", "stripped"; or a PRESET_NAMES alias)."""
 
-    def __init__(self, model: str, compute_type: str, threads: int):
+    def __init__(self, model: str, compute_type: str, threads: int, preset: str = "stripped"):
         from faster_whisper import WhisperModel
 
+        self.preset = PRESET_NAMES.get(preset, preset)
+        if self.preset not in FASTER_WHISPER_PRESETS:
+            raise InputError(
+                f"unknown faster-whisper preset {preset!r}; choose from {', '.join(FASTER_WHISPER_PRESETS)}"
+            )
         directory = ct2_directory(model)
         started = time.perf_counter()
         self.model = WhisperModel(str(directory), device="cpu", compute_type=compute_type, cpu_threads=threads)
@@ -133,27 +176,35 @@ class FasterWhisperSystem(StreamingSystem):
 
         versions = {"faster_whisper": faster_whisper.__version__, "ctranslate2": ctranslate2.__version__}
         # CTranslate2 names the type it actually runs (int8 runs as int8_float32 on this CPU).
-        return {"compute_type": self.model.model.compute_type, "cpu_threads": self.threads} | versions
+        ran = {"compute_type": self.model.model.compute_type, "cpu_threads": self.threads, "preset": self.preset}
+        return ran | {"transcribe": faster_whisper_settings(self.preset)} | versions
 
     def transcribe(self, path: Path) -> Transcript:
-        segments, _ = self.model.transcribe(
-            str(path),
-            language="en",
-            beam_size=1,
-            best_of=1,
-            temperature=0.0,
-            condition_on_previous_text=False,
-            without_timestamps=True,
-            vad_filter=False,
-            # No quality checks: they only choose whether to fall back to sampling or drop a window.
-            compression_ratio_threshold=None,
-            log_prob_threshold=None,
-            no_speech_threshold=None,
-        )
-        return Transcript(" ".join(segment.text.strip() for segment in segments).strip())
+        segments, _ = self.model.transcribe(str(path), **FASTER_WHISPER_PRESETS[self.preset])
+        found = [Segment(round(s.start, 3), round(s.end, 3), s.text.strip()) for s in segments]
+        return Transcript(" ".join(s.text for s in found).strip(), segments=found)
 
     def close(self) -> None:
         del self.model
+
+
+def faster_whisper_settings(preset: str) -> dict:
+    """Every transcribe argument a preset runs with: its own, over faster-whisper's defaults as
+    this installed version declares them (so a record shows the thresholds that applied)."""
+    import inspect
+
+    from faster_whisper import WhisperModel
+
+    defaults = {
+        name: parameter.default
+        for name, parameter in inspect.signature(WhisperModel.transcribe).parameters.items()
+        if parameter.default is not inspect.Parameter.empty and _plain(parameter.default)
+    }
+    return defaults | FASTER_WHISPER_PRESETS[PRESET_NAMES.get(preset, preset)]
+
+
+def _plain(value) -> bool:
+    return value is None or isinstance(value, (bool, int, float, str, list, tuple))
 
 
 def ct2_directory(name: str) -> Path:

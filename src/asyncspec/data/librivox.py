@@ -19,9 +19,13 @@ class Clip:
 
 def librivox_clips(directory: Path = LIBRIVOX_DIR) -> list[Clip]:
     """The five clips in file order; InputError with the install command if they are absent."""
-    listing = directory / "transcription"
+    return read_transcription(directory / "transcription", directory)
+
+
+def read_transcription(listing: Path, directory: Path) -> list[Clip]:
+    """A pocketsphinx transcription listing (`<s> text </s> (file id)` per line) as WAV clips."""
     if not listing.is_file():
-        raise InputError(f"{directory}: LibriVox clips not found (apt-get install pocketsphinx-testdata)")
+        raise InputError(f"{listing}: not found (apt-get install pocketsphinx-testdata)")
     clips = []
     for line in listing.read_text().splitlines():
         match = re.match(r"\s*(?:<s>)?\s*(.*?)\s*(?:</s>)?\s*\((\S+)\)\s*$", line)
