@@ -33,10 +33,12 @@ def faster_whisper_installed() -> bool:
 @dataclass
 class Transcript:
     """One file's output. asyncspec's systems also give (request, token ids) per 30 s window, for
-    the exactness check, and their seconds in prefill (features, encoder, prompt) and decode."""
+    the exactness check, and their seconds in prefill (features, encoder, prompt) and decode.
+    A system that finds its own segments (whisper.cpp) gives them as (start s, end s, text)."""
 
     text: str
     windows: list = field(default_factory=list)
+    segments: list = field(default_factory=list)
     prefill_s: float = 0.0
     decode_s: float = 0.0
 
