@@ -11,6 +11,7 @@ import pytest
 from asyncspec.benchmarks import e2e
 from asyncspec.benchmarks.e2e import librivox_files, parse_systems
 from asyncspec.benchmarks.e2e_systems import faster_whisper_installed, vocabulary
+from asyncspec.benchmarks.e2e_whispercpp import available as whispercpp_installed
 from asyncspec.cli import EXIT_BAD_INPUT, main
 from asyncspec.data.librivox import librivox_clips
 from asyncspec.models.offline import package_file
@@ -32,6 +33,7 @@ def one_clip(tmp_path):
 @pytest.mark.real
 def test_bench_e2e_times_every_system_and_checks_as2d(one_clip, tmp_path, capsys):
     systems = ["target", "as2d"] + (["faster-whisper-int8"] if faster_whisper_installed() else [])
+    systems += ["whisper-cpp"] if whispercpp_installed() else []
     out = tmp_path / "out"
     argv = ["bench", "e2e", "--audio", str(one_clip), "--out", str(out), "--systems", ",".join(systems)]
     assert main([*argv, "--threads", "1"]) == 0
@@ -48,6 +50,9 @@ def test_bench_e2e_times_every_system_and_checks_as2d(one_clip, tmp_path, capsys
     assert report["systems"]["as2d"]["settings"]["method"] == "as2d"
     if "faster-whisper-int8" in systems:  # CTranslate2 names the int8 type it runs
         assert report["systems"]["faster-whisper-int8"]["settings"]["compute_type"].startswith("int8")
+    if "whisper-cpp" in systems:  # its own segments, with the CLI's beam search
+        assert report["systems"]["whisper-cpp"]["files"][0]["segments"]
+        assert report["systems"]["whisper-cpp"]["settings"]["beam_search"]["beam_size"] == 5
     assert report["exactness"]["passed"] and report["exactness"]["checked"] == 1
     assert report["encoder"]["dtype"] in ("fp32", "bf16") and report["encoder"]["threads"] >= 1
     assert report["device"]["cpu_flags"] and len(report["device"]["load_average_before"]) == 3
@@ -71,6 +76,12 @@ def test_without_faster_whisper_the_asyncspec_systems_still_run(monkeypatch, cap
     monkeypatch.setattr(e2e, "faster_whisper_installed", lambda: False)
     assert parse_systems("target,faster-whisper-int8,as2d,faster-whisper-float32") == ["target", "as2d"]
     assert "pip install 'asyncspec[bench]'" in capsys.readouterr().err
+
+
+def test_without_pywhispercpp_whisper_cpp_is_skipped(monkeypatch, capsys):
+    monkeypatch.setattr(e2e, "whispercpp_installed", lambda: False)
+    assert parse_systems("target,whisper-cpp") == ["target"]
+    assert "pywhispercpp==1.5.1" in capsys.readouterr().err
 
 
 @pytest.mark.real

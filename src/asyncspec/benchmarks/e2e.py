@@ -1,6 +1,7 @@
 """`asyncspec bench e2e`: wall time from audio file to text, per file and in total, for asyncspec
 target-only and As²d and for faster-whisper int8 and float32 on the same Whisper weights, in one run,
-the same threads, greedy, no VAD, the same 30 s windows. Model loads are timed apart; WER against the
+the same threads, greedy, no VAD, the same 30 s windows; and whisper.cpp on those weights as its CLI
+runs by default (beam 5, its own long-form segments). Model loads are timed apart; WER against the
 transcripts where they exist; every As²d output is checked against target-only's tokens."""
 
 from __future__ import annotations
@@ -23,13 +24,15 @@ from asyncspec.benchmarks.e2e_systems import (
     FasterWhisperSystem,
     faster_whisper_installed,
 )
+from asyncspec.benchmarks.e2e_whispercpp import PYWHISPERCPP_HINT, WhisperCppSystem
+from asyncspec.benchmarks.e2e_whispercpp import available as whispercpp_installed
 from asyncspec.errors import InputError
 from asyncspec.text_metrics import word_errors
 
 if TYPE_CHECKING:  # the check imports torch: not while the command line is only being parsed
     from asyncspec.exactness import ExactnessCheck
 
-HELP = "audio file to text: asyncspec target-only and As²d vs faster-whisper int8/float32, same weights"
+HELP = "audio file to text: asyncspec target-only and As²d vs faster-whisper int8/float32 and whisper.cpp, same weights"
 ASYNCSPEC_SYSTEMS = ("target", "as2d")
 # name -> (compute type, preset of e2e_systems.FASTER_WHISPER_PRESETS). The unsuffixed names are the
 # stripped settings the short-file figures were measured with; -greedy is faster-whisper's long-form
@@ -39,7 +42,9 @@ FASTER_WHISPER = {
     for compute in ("int8", "float32")
     for suffix, preset in (("", "stripped"), ("-greedy", "greedy"), ("-default", "default"))
 }
-SYSTEMS = ASYNCSPEC_SYSTEMS + tuple(FASTER_WHISPER)
+# whisper.cpp runs as its CLI does (beam 5, its own long-form segments): see e2e_whispercpp.
+WHISPER_CPP = "whisper-cpp"
+SYSTEMS = ASYNCSPEC_SYSTEMS + tuple(FASTER_WHISPER) + (WHISPER_CPP,)
 DEFAULT_SYSTEMS = ("target", "as2d", "faster-whisper-int8", "faster-whisper-float32")
 AUDIO_SUFFIXES = {".wav", ".flac", ".ogg", ".mp3"}
 
@@ -120,6 +125,9 @@ def parse_systems(text: str) -> list[str]:
     if not faster_whisper_installed() and any(name in FASTER_WHISPER for name in names):
         print(f"note: faster-whisper is not installed, its systems are skipped: {FASTER_WHISPER_HINT}", file=sys.stderr)
         names = [name for name in names if name not in FASTER_WHISPER]
+    if not whispercpp_installed() and WHISPER_CPP in names:
+        print(f"note: pywhispercpp is not installed, whisper-cpp is skipped: {PYWHISPERCPP_HINT}", file=sys.stderr)
+        names.remove(WHISPER_CPP)
     return list(dict.fromkeys(names))
 
 
@@ -174,6 +182,8 @@ def load_systems(args, names: list[str], stack: ExitStack) -> dict:
         if name in FASTER_WHISPER:
             compute_type, preset = FASTER_WHISPER[name]
             systems[name] = FasterWhisperSystem(args.model, compute_type, args.threads, preset)
+        elif name == WHISPER_CPP:
+            systems[name] = WhisperCppSystem(args.model, args.threads)
     for system in systems.values():
         stack.callback(system.close)
     return {name: systems[name] for name in names}
@@ -303,6 +313,8 @@ def system_summary(system, measured: list, files: list[BenchFile]) -> dict:
 def _file_record(bench_file: BenchFile, seconds: float, transcript) -> dict:
     record = {"file": bench_file.path.name, "audio_s": round(bench_file.audio_s, 3), "wall_s": round(seconds, 4)}
     record["text"] = transcript.text
+    if transcript.segments:
+        record["segments"] = [[round(start, 2), round(end, 2), text] for start, end, text in transcript.segments]
     if transcript.windows:
         record["token_ids"] = [tokens for _, tokens in transcript.windows]
     if bench_file.transcript is not None:
