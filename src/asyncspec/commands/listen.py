@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from asyncspec.audio import load_audio
+from asyncspec.commands.serve import add_http_auth_options
 from asyncspec.errors import InputError
 from asyncspec.ondemand.ingest import PACES, PCM_FORMATS, AudioBlock, LatestWindow, file_blocks, pcm_blocks
 from asyncspec.run.options import add_decoding_options
@@ -32,7 +33,7 @@ def add_arguments(parser) -> None:
     parser.add_argument(
         "--api-key-file", metavar="FILE", help="require `Authorization: Bearer KEY` (env ASYNCSPEC_API_KEY too)"
     )
-    parser.add_argument("--allow-host", action="append", default=[], help="an extra Host name the API answers")
+    add_http_auth_options(parser)
     parser.add_argument("--max-upload-bytes", type=int, default=32 << 20, help="largest uploaded file")
     parser.add_argument("--max-connections", type=int, default=32, help="concurrent HTTP connections")
     parser.add_argument("--auto", action="store_true", help="transcribe every block as it completes (no server)")
@@ -74,7 +75,8 @@ def run(args) -> int:
 def _bind_http(args):
     from asyncspec.httpguard import FORM_OVERHEAD_BYTES, bind_listening_socket, guard_config
 
-    guard = guard_config(args.host, args.api_key_file, args.max_upload_bytes + FORM_OVERHEAD_BYTES, args.allow_host)
+    body = args.max_upload_bytes + FORM_OVERHEAD_BYTES
+    guard = guard_config(args.host, args.api_key_file, body, args.allow_host, args.insecure_no_auth)
     return bind_listening_socket(args.host, args.port), guard
 
 
