@@ -156,7 +156,7 @@ def run_auto(args, method: str, target, drafters, config, blocks) -> int:
     auto.thread.join()
     audio_s = ingestor.status.seconds
     elapsed = (auto.finished_at or 0.0) - (auto.origin or 0.0)
-    summary = summarize(auto.records, args.block_s, audio_s, elapsed, auto.dropped_blocks)
+    summary = summarize(auto.records, args.block_s, audio_s, elapsed, auto.dropped_blocks, len(auto.failures))
     summary.update(
         method=method,
         model=args.model,
@@ -171,7 +171,7 @@ def run_auto(args, method: str, target, drafters, config, blocks) -> int:
     )
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    report = {"summary": summary, "blocks": records_json(auto.records)}
+    report = {"summary": summary, "blocks": records_json(auto.records), "failed_blocks": records_json(auto.failures)}
     (out / "listen_auto.json").write_text(json.dumps(report, indent=1))
     print_auto_summary(summary)
     if auto.records:
@@ -179,6 +179,9 @@ def run_auto(args, method: str, target, drafters, config, blocks) -> int:
         title += f"load {load_before[0]:.1f}"
         plot_streaming(auto.records, args.block_s, out / "listen_auto.png", title)
     print(f"wrote {out / 'listen_auto.json'} and listen_auto.png")
+    if auto.failures:  # lost work is an error, even when the other blocks were transcribed
+        print(f"asyncspec: error: {len(auto.failures)} block(s) failed (listed in listen_auto.json)", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -199,6 +202,8 @@ def _print_block(record) -> None:
 
 
 def print_auto_summary(summary: dict) -> None:
+    if summary.get("failed_blocks"):
+        print(f"{summary['failed_blocks']} block(s) FAILED and were not transcribed (see failed_blocks in the JSON)")
     if not summary["blocks"]:
         print("no block was transcribed")
         return
