@@ -82,6 +82,14 @@ def test_after_the_hostile_fields_a_normal_request_is_exact(client, pair):
     assert_exact(client, pair)
 
 
+def test_the_documented_minimum_temperature_is_served(client):
+    """0.01 rounds to 0.0099999998 in float32; the cloud checked that below 0.01 and the edge gave a 500."""
+    for temperature in (0.01, 100):
+        response = client.post("/v1/completions", json=NORMAL | {"temperature": temperature, "max_tokens": 3})
+        assert response.status_code == 200, response.text
+    assert client.post("/v1/completions", json=NORMAL | {"temperature": 0.0099}).status_code == 400  # control
+
+
 @pytest.mark.parametrize(
     "body", [b"{", b"[1, 2]", b'"text"', b"\xff\xfe", b'{"prompt": "w1", "max_tokens": NaN, "temperature": 0}']
 )

@@ -183,3 +183,40 @@ def test_arrived_requests_are_drafted_ahead_and_decoded_exactly(target, producer
         assert result.stats.as2d.producer_failure is None
         assert result.stats.as2d.producer_messages_before_end == 0
     assert producer._arrived == {}
+
+
+def test_the_worker_returns_quietly_when_its_parent_closes_the_pipes(monkeypatch):
+    """A parent that goes away closes its pipe ends: the worker's recv raises EOFError, which used
+    to end it with a traceback; now worker_main returns."""
+    import threading
+
+    errors: list = []
+    monkeypatch.setattr(threading, "excepthook", lambda hook: errors.append(hook.exc_type))
+    worker, commands, batches = _worker_thread(monkeypatch, FailingOnOddRequests)
+    commands.close()  # the parent is gone
+    worker.join(10)
+    assert not worker.is_alive() and errors == []
+
+
+def _scripted_worker(commands, batches) -> None:
+    """A spawned worker process with the scripted source (registered in the child itself)."""
+    from asyncspec.ondevice import producer as producer_module
+
+    producer_module.SOURCES["scripted"] = FailingOnOddRequests
+    producer_module.worker_main(ProducerSpec(kind="scripted"), commands, batches)
+
+
+def test_a_worker_process_whose_parent_goes_exits_0_without_a_traceback(capfd):
+    import multiprocessing
+
+    context = multiprocessing.get_context("spawn")
+    command_out, command_in = context.Pipe(duplex=False)
+    batch_out, batch_in = context.Pipe(duplex=False)
+    process = context.Process(target=_scripted_worker, args=(command_out, batch_in))
+    process.start()
+    command_out.close(), batch_in.close()  # only the child holds these ends now, as with a real parent
+    assert batch_out.poll(60) and isinstance(batch_out.recv(), Ready)
+    command_in.close(), batch_out.close()  # the parent's ends go, as when the parent dies
+    process.join(30)
+    assert process.exitcode == 0
+    assert "Traceback" not in capfd.readouterr().err

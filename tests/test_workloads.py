@@ -160,7 +160,7 @@ def test_disabled_humaneval_execution_is_detected(monkeypatch):
     line commented out did) is caught by the probe before any score counts."""
     from asyncspec.data.workloads.sandbox import Outcome
 
-    monkeypatch.setattr(scoring, "run_untrusted", lambda program, timeout: Outcome(True, "passed"))
+    monkeypatch.setattr(scoring, "run_untrusted", lambda program, timeout, unsafe=False: Outcome(True, "passed"))
     scoring.ensure_humaneval_executes.cache_clear()
     try:
         with pytest.raises(scoring.ExecutionDisabledError, match="the tests do not run"):
@@ -236,3 +236,17 @@ def test_scheduler_errors(kwargs, message):
         make_scheduler(["p"], **kwargs)
     with pytest.raises(InputError, match="at least one prompt"):
         make_scheduler([], rate_per_s=1.0)
+
+
+def test_humaneval_scoring_refuses_where_the_sandbox_has_no_namespaces(monkeypatch):
+    from asyncspec.data.workloads import sandbox
+
+    monkeypatch.setattr(sandbox, "isolation", lambda: sandbox.Isolation())
+    scoring.ensure_humaneval_executes.cache_clear()
+    task = humaneval_tasks(limit=1)[0]
+    try:
+        with pytest.raises(sandbox.UnsafeExecutionError, match="--unsafe-local-exec"):
+            scoring.score(task, task.problem["canonical_solution"])
+        assert scoring.score(task, task.problem["canonical_solution"], unsafe_local_exec=True).correct
+    finally:
+        scoring.ensure_humaneval_executes.cache_clear()

@@ -13,6 +13,7 @@ import hmac
 import json
 import os
 import socket
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -23,6 +24,7 @@ DEFAULT_MAX_HEADER_BYTES = 32 << 10  # h11's incomplete-event cap misses headers
 API_KEY_ENV = "ASYNCSPEC_API_KEY"
 FORM_OVERHEAD_BYTES = 64 << 10  # multipart boundaries and small text fields around an uploaded file
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1", "[::1]")
+WILDCARD_HOSTS = ("0.0.0.0", "::", "[::]", "")
 
 
 @dataclass(frozen=True)
@@ -33,14 +35,22 @@ class GuardConfig:
     max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES
 
 
+def is_loopback_host(host: str) -> bool:
+    name = host.strip("[]").lower()
+    return name in ("localhost", "::1") or name.startswith("127.")
+
+
 def allowed_hosts_for(bind_host: str, extra: tuple[str, ...] = ()) -> tuple[str, ...]:
-    """Loopback binds accept only loopback Host names (a rebound DNS name is refused); other binds
-    accept the bound address and whatever the operator lists."""
-    if bind_host in LOOPBACK_HOSTS or bind_host.startswith("127."):
-        return (*LOOPBACK_HOSTS, bind_host, *extra)
-    if bind_host in ("0.0.0.0", "::") and not extra:
-        return ()  # bound everywhere without a list: the operator chose to accept any Host
-    return (bind_host, *extra)
+    """The Host names a service answers to, on every bind (a DNS-rebound name is refused): the
+    loopback names, the bound address itself unless it is a wildcard (0.0.0.0, ::), and whatever
+    the operator lists (`--allow-host`, e.g. the machine's name or address as clients type it)."""
+    names = [*LOOPBACK_HOSTS]
+    if bind_host not in WILDCARD_HOSTS:
+        names.append(bind_host)
+        if ":" in bind_host and not bind_host.startswith("["):  # an IPv6 literal arrives bracketed
+            names.append(f"[{bind_host}]")
+    names.extend(extra)
+    return tuple(dict.fromkeys(name.lower() for name in names))
 
 
 def error_body(message: str, kind: str = "invalid_request_error", code: str | None = None) -> bytes:
@@ -71,10 +81,36 @@ def load_api_key(path: str | None) -> str | None:
     return key or None
 
 
-def guard_config(bind_host: str, api_key_file: str | None, max_body_bytes: int, extra_hosts=()) -> GuardConfig:
+def guard_config(
+    bind_host: str, api_key_file: str | None, max_body_bytes: int, extra_hosts=(), insecure_no_auth: bool = False
+) -> GuardConfig:
     if max_body_bytes < 1024:
         raise InputError(f"the body cap must be at least 1024 bytes, got {max_body_bytes}")
-    return GuardConfig(max_body_bytes, load_api_key(api_key_file), allowed_hosts_for(bind_host, tuple(extra_hosts)))
+    key = load_api_key(api_key_file)
+    if key is None and not is_loopback_host(bind_host):
+        require_auth_off_loopback(bind_host, insecure_no_auth)
+    hosts = allowed_hosts_for(bind_host, tuple(extra_hosts))
+    if bind_host in WILDCARD_HOSTS and not extra_hosts:
+        note = f"bound to {bind_host or '*'}, but only loopback Host names are answered; add the names clients use"
+        print(f"asyncspec: note: {note} with --allow-host NAME", file=sys.stderr, flush=True)
+    return GuardConfig(max_body_bytes, key, hosts)
+
+
+def require_auth_off_loopback(bind_host: str, insecure_no_auth: bool) -> None:
+    """Off loopback anyone who reaches the port could use the service (and its models' CPU): a key
+    is required, and the only way around it is a flag that says so and is loud in the log."""
+    if not insecure_no_auth:
+        raise InputError(
+            f"refusing to serve HTTP on {bind_host or '*'} without an API key: anyone who reaches it could use it; "
+            f"pass --api-key-file FILE (or set {API_KEY_ENV}), bind to 127.0.0.1, "
+            "or pass --insecure-no-auth on a network you trust"
+        )
+    print(
+        f"asyncspec: WARNING: serving HTTP on {bind_host or '*'} WITHOUT AUTHENTICATION (--insecure-no-auth): "
+        "anyone who can reach this port can use this service",
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 def bind_listening_socket(host: str, port: int) -> socket.socket:
@@ -145,7 +181,7 @@ class Guard:
 
     def _refusal(self, headers: dict[str, str]) -> tuple[int, str, str] | None:
         config = self.config
-        if config.allowed_hosts and _host_name(headers.get("host", "")) not in config.allowed_hosts:
+        if config.allowed_hosts and _host_name(headers.get("host", "")).lower() not in config.allowed_hosts:
             return 400, "the Host header is not one this service answers to", "invalid_request_error"
         if config.api_key is not None and not _key_matches(headers.get("authorization", ""), config.api_key):
             return 401, "a valid API key is required (Authorization: Bearer KEY)", "authentication_error"

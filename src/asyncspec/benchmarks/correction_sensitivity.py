@@ -175,15 +175,18 @@ def task_quality(target, drafter, args, models: str) -> dict:
                 target, drafter, EdgePolicy(correction=correction), [t.prompt for t in tasks],
                 args.quality_tokens, args.temperature, eps_req, args.seed,
             )  # fmt: skip
-            out[f"{workload} / {name}"] = quality_record(tasks, texts, time.time() - start)
+            unsafe = getattr(args, "unsafe_local_exec", False)
+            out[f"{workload} / {name}"] = quality_record(tasks, texts, time.time() - start, unsafe)
     return out
 
 
-def quality_record(tasks, texts: list[tuple[str, dict]], seconds: float) -> dict:
+def quality_record(tasks, texts: list[tuple[str, dict]], seconds: float, unsafe_local_exec: bool = False) -> dict:
     """Scores (HumanEval pass@1 / GSM8K exact match) of one setting's completions, with their correction modes."""
     from asyncspec.data.workloads.scoring import accuracy, score
 
-    scores = [score(task, text) for task, (text, _) in zip(tasks, texts, strict=True)]
+    scores = [
+        score(task, text, unsafe_local_exec=unsafe_local_exec) for task, (text, _) in zip(tasks, texts, strict=True)
+    ]
     return {
         "problems": len(tasks),
         "accuracy": accuracy(scores),

@@ -3,11 +3,12 @@
 `asyncspec keys DIR` writes key pairs (pyzmq's certificate files: NAME.key_secret holds both
 halves, NAME.key only the public one). A server socket takes its secret file and, optionally, a
 folder of the public keys it admits (a ZAP authenticator checks each connecting peer; without the
-folder any peer that holds the server's public key may connect). A client takes its own secret
-file and the server's public file; a wrong server key never completes the handshake.
+folder any peer that makes itself a key pair may connect, since the server key is public). A
+client takes its own secret file and the server's public file; a wrong server key never completes
+the handshake.
 
-A service bound to anything but loopback without keys is refused (`require_keys_off_loopback`):
-a verifier that any host can drive must prove who drives it.
+A ZeroMQ service (the cloud, the edge's client front) bound to anything but loopback without CURVE
+*and* a client allow-list is refused (`require_keys_off_loopback`): encryption alone admits anyone.
 
 Request ownership: the cloud binds each request to the ZeroMQ routing id of the connection that
 opened it. The edge gives its cloud socket a random 16-byte routing id that survives its own
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -64,6 +66,8 @@ def server_keys(secret_file: str | Path, authorized_dir: str | Path | None = Non
     public, secret = _load(secret_file, need_secret=True)
     if authorized_dir is not None and not Path(authorized_dir).is_dir():
         raise InputError(f"{authorized_dir}: not a folder of authorised public keys")
+    if authorized_dir is not None and not any(Path(authorized_dir).glob("*.key")):
+        raise InputError(f"{authorized_dir}: holds no public key files (NAME.key): it would admit nobody")
     return CurveKeys(public, secret, authorized_dir=None if authorized_dir is None else str(authorized_dir))
 
 
@@ -103,11 +107,22 @@ def is_loopback(address: str) -> bool:
 
 
 def require_keys_off_loopback(address: str, keys: CurveKeys | None, flag: str, allow_insecure: bool = False) -> None:
-    if keys is None and not allow_insecure and not is_loopback(address):
-        raise InputError(
-            f"refusing to bind {address} without CURVE keys: anyone who reaches it could drive this service; "
-            f"create keys with `asyncspec keys DIR` and pass {flag}, or bind to 127.0.0.1"
+    """Off loopback: CURVE with a client allow-list, or an explicit, logged `--allow-insecure`."""
+    if is_loopback(address) or (keys is not None and keys.authorized_dir is not None):
+        return
+    missing = "CURVE keys" if keys is None else "a CURVE client allow-list (--curve-clients)"
+    if allow_insecure:
+        print(
+            f"asyncspec: WARNING: binding {address} without {missing} (--allow-insecure): "
+            "any peer that reaches it can drive this service",
+            file=sys.stderr,
+            flush=True,
         )
+        return
+    raise InputError(
+        f"refusing to bind {address} without {missing}: anyone who reaches it could drive this service; "
+        f"create keys with `asyncspec keys DIR`, pass {flag} FILE and --curve-clients DIR, or bind to 127.0.0.1"
+    )
 
 
 def connection_id() -> bytes:

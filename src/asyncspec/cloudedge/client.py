@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 import zmq
 
 from asyncspec.cloudedge import protocol as wire
+from asyncspec.cloudedge.auth import start_authenticator
 from asyncspec.cloudedge.requests import DoneEvent, EdgeEvent, TokenEvent
 from asyncspec.cloudedge.transport import Channel, TrafficCounters, make_socket
 
@@ -42,8 +43,16 @@ class ClientFront:
     """Runs inside the edge's loop thread (same thread as the socket)."""
 
     def __init__(self, address: str, tokenizer, context: zmq.Context | None = None, curve=None):
-        context = context or zmq.Context.instance()
-        socket = make_socket(context, zmq.ROUTER, address, True, MAX_CLIENT_MESSAGE_BYTES, curve)
+        # with a client allow-list, a ZAP authenticator of its own (one per context) checks every client key
+        checked = curve is not None and curve.authorized_dir is not None
+        self.own_context = context is None and checked
+        self.context = context or (zmq.Context() if self.own_context else zmq.Context.instance())
+        self.authenticator = start_authenticator(self.context, curve)  # None without an allow-list
+        try:
+            socket = make_socket(self.context, zmq.ROUTER, address, True, MAX_CLIENT_MESSAGE_BYTES, curve)
+        except zmq.ZMQError:  # a busy address: no authenticator thread left behind
+            self._stop_authenticator()
+            raise
         self.channel = Channel(socket, TrafficCounters(), self._rejected)
         self.socket = self.channel.socket
         self.tokenizer = tokenizer
@@ -85,6 +94,13 @@ class ClientFront:
 
     def close(self) -> None:
         self.channel.close()
+        self._stop_authenticator()
+
+    def _stop_authenticator(self) -> None:
+        if self.authenticator is not None:
+            self.authenticator.stop()
+        if self.own_context:
+            self.context.term()
 
 
 class EdgeError(RuntimeError):

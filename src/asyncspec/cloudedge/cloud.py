@@ -29,7 +29,7 @@ from asyncspec.cloudedge import limits, validation, verdicts
 from asyncspec.cloudedge import protocol as wire
 from asyncspec.cloudedge.auth import CurveKeys, start_authenticator
 from asyncspec.cloudedge.batcher import BlockQueue
-from asyncspec.cloudedge.cloud_state import CloudConfig, CloudCounters, CloudRequest, PendingOpen
+from asyncspec.cloudedge.cloud_state import CloudConfig, CloudCounters, CloudRequest, PendingOpen, reply_key
 from asyncspec.cloudedge.transport import Channel, TrafficCounters, make_socket
 from asyncspec.models.hf_causal import CausalLMBackend
 from asyncspec.models.selftest import require_invariant
@@ -47,6 +47,7 @@ class CloudVerifier:
         self.queue = BlockQueue(self.config.max_queue)
         self.replies = limits.ReplyCache(self.config.decision_cache, self.config.decision_cache_bytes)
         self.quota = limits.RequestQuota(self.config.max_requests, self.config.max_requests_per_peer)
+        self.peers = limits.PeerLiveness(self.config.peer_dead_s)
         self.opening: dict[int, PendingOpen] = {}  # request -> its Open waiting for a prefill
         self.counters = CloudCounters()
         self.traffic = TrafficCounters()
@@ -67,7 +68,7 @@ class CloudVerifier:
         context = zmq.Context() if curve is not None and curve.authorized_dir else zmq.Context.instance()
         authenticator = start_authenticator(context, curve)
         socket = make_socket(context, zmq.ROUTER, address, True, self.config.max_message_bytes, curve)
-        self.channel = Channel(socket, self.traffic, self._invalid_frame)
+        self.channel = Channel(socket, self.traffic, self._invalid_frame, self._tracked)
         try:
             self._loop(should_stop, on_ready)
         finally:
@@ -75,6 +76,10 @@ class CloudVerifier:
             if authenticator is not None:
                 authenticator.stop()
                 context.term()
+
+    def _tracked(self, request: int, message: wire.Message) -> bool:
+        """Byte counters only for requests that opened (an Open is counted; refused, it is forgotten)."""
+        return request in self.requests or request in self.opening or isinstance(message, wire.Open)
 
     def _loop(self, should_stop: Callable[[], bool], on_ready: Callable[[], None]) -> None:
         poller = zmq.Poller()
@@ -101,13 +106,18 @@ class CloudVerifier:
 
     def _drop_idle(self) -> None:
         now = time.monotonic()
-        if now - self._last_idle_check < 10:
+        if now - self._last_idle_check < min(10.0, self.config.peer_dead_s / 4):
             return
         self._last_idle_check = now
         for request_id, request in list(self.requests.items()):
             if now - request.touched > self.config.idle_request_s:
                 self._drop_request(request_id)
                 self.counters.idle_dropped += 1
+        dead = self.peers.dead(now)  # an edge that sent nothing (not even its heartbeat) this long is gone
+        for request_id, owner in list(self.quota.owner.items()):
+            if owner in dead:
+                self._drop_request(request_id)
+                self.counters.dead_peer_dropped += 1
 
     def _drain(self, poller: zmq.Poller, limit: int = 10_000) -> None:
         for _ in range(limit):
@@ -134,6 +144,7 @@ class CloudVerifier:
 
     def handle(self, identity: bytes, message: wire.Message) -> None:
         """One message; an error while serving it fails its request only (Nack "invalid"), never the loop."""
+        self.peers.heard(identity)
         try:
             self._dispatch(identity, message)
         except Exception as error:  # a defect or an input no check foresaw: contain it to its request
@@ -284,7 +295,7 @@ class CloudVerifier:
 
     def _admit(self, identity: bytes, block: wire.Block) -> None:
         self.counters.blocks += 1
-        if self._resend_cached(identity, block.id.key()):
+        if self._resend_cached(identity, reply_key(block)):
             return
         admission, replaced = self.queue.admit(identity, block)
         if admission == "duplicate":
@@ -319,7 +330,7 @@ class CloudVerifier:
     def _usable(self, identity: bytes, block: wire.Block) -> bool:
         """Can this block be verified in the coming step? Otherwise it is answered here (from the
         reply cache, or with a Nack) and leaves the queue."""
-        if self._resend_cached(identity, block.id.key()):
+        if self._resend_cached(identity, reply_key(block)):
             return False
         pending = block.id.request in self.opening
         if pending and not self._prefill_guarded(block.id.request, identity, block):
@@ -354,12 +365,12 @@ class CloudVerifier:
         keep = block.id.base + verdict.accepted
         if request.state.length > keep:
             self.target.rollback(request.state, keep)
-        self._send(identity, verdict, block.id.key())
+        self._send(identity, verdict, reply_key(block))
 
     # ------------------------------------------------------------ corrections
 
     def _correct(self, identity: bytes, query: wire.CorrectionQuery) -> None:
-        key = (query.id.request, query.id.base, query.kind, query.start)
+        key = (query.id.request, query.id.base, query.id.n, query.id.config, query.kind, query.start)
         if self._resend_cached(identity, key):
             return
         request = self.requests.get(query.id.request)

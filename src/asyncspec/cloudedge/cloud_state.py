@@ -29,7 +29,10 @@ class CloudConfig:
     max_message_bytes: int = limits.DEFAULT_MAX_MESSAGE_BYTES  # larger frames are dropped by ZeroMQ
     first_k_cap: int = 4096  # largest top-K accepted in an Open
     max_block: int = 64  # candidates per block: the verification width (fp32 logits [n + 1, V] per block)
-    idle_request_s: float = 900.0  # a request not heard of this long (its edge is gone) is dropped
+    idle_request_s: float = 900.0  # a request not heard of this long is dropped (its edge may still ping)
+    # a connection silent this long is a dead edge: its requests are freed. A live edge sends at least
+    # a heartbeat every 0.5 s, and after 60 s of silence it fails its own requests (EdgePolicy.give_up_s)
+    peer_dead_s: float = 60.0
     poll_ms: int = 20
 
 
@@ -37,6 +40,7 @@ class CloudConfig:
 class CloudCounters:
     opens: int = 0
     stale_opens: int = 0
+    dead_peer_dropped: int = 0  # requests freed because their connection went silent (peer_dead_s)
     rewinds: int = 0  # resynchronisations served by cropping the KV it already had
     closes: int = 0
     blocks: int = 0
@@ -104,6 +108,13 @@ class PendingOpen:
     @property
     def epoch(self) -> int:
         return self.message.epoch
+
+
+def reply_key(block: wire.Block) -> tuple[int, int, bytes]:
+    """A block's key in the reply cache: (request, position, digest of everything in the block).
+    (request, position) alone answered a different block at the same position with the old verdict."""
+    fields = (block.id.n, block.id.config, block.root, block.candidates, block.q, block.q_full)
+    return block.id.request, block.id.base, hashlib.blake2b(repr(fields).encode(), digest_size=16).digest()
 
 
 def derived_seed(*parts) -> int:

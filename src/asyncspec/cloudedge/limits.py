@@ -4,6 +4,7 @@ requests per peer and in total (each holds a KV cache)."""
 
 from __future__ import annotations
 
+import time
 from collections import Counter, OrderedDict
 from typing import Any
 
@@ -93,3 +94,21 @@ class RequestQuota:
             self.per_peer[peer] -= 1
             if self.per_peer[peer] <= 0:
                 del self.per_peer[peer]
+
+
+class PeerLiveness:
+    """When each connection last sent anything; `dead` hands over (and forgets) the silent ones.
+    Entries live at most `dead_after_s` past a peer's last frame, so many short-lived ids cost little."""
+
+    def __init__(self, dead_after_s: float):
+        self.dead_after_s = dead_after_s
+        self.last: dict[bytes, float] = {}
+
+    def heard(self, peer: bytes) -> None:
+        self.last[peer] = time.monotonic()
+
+    def dead(self, now: float) -> set[bytes]:
+        gone = {peer for peer, seen in self.last.items() if now - seen > self.dead_after_s}
+        for peer in gone:
+            del self.last[peer]
+        return gone

@@ -79,12 +79,19 @@ class Channel:
     `on_rejected(identity, error)` hears of every frame that failed its checks (to answer it)."""
 
     def __init__(
-        self, socket: zmq.Socket, counters: TrafficCounters | None = None, on_rejected: Rejected | None = None
+        self,
+        socket: zmq.Socket,
+        counters: TrafficCounters | None = None,
+        on_rejected: Rejected | None = None,
+        tracked: Callable[[int, Message], bool] | None = None,
     ) -> None:
         self.socket = socket
         self.router = socket.type == zmq.ROUTER
         self.counters = counters or TrafficCounters()
         self.on_rejected = on_rejected
+        # which requests get per-request byte counters (None: all); the cloud counts only requests
+        # that opened, so Nacks to ids nobody opened leave no counter behind
+        self.tracked = tracked
 
     def send(self, message: Message, identity: bytes | None = None) -> int:
         return self.send_frame(encode(message), message, identity)
@@ -103,7 +110,7 @@ class Channel:
         self.counters.sent_bytes[name] += len(frame)
         self.counters.sent_messages[name] += 1
         request = request_of(message)
-        if request is not None:
+        if request is not None and (self.tracked is None or self.tracked(request, message)):
             self.counters.per_request_sent[request] += len(frame)
         return len(frame)
 
@@ -128,7 +135,7 @@ class Channel:
         self.counters.received_bytes[name] += len(parts[-1])
         self.counters.received_messages[name] += 1
         request = request_of(message)
-        if request is not None:
+        if request is not None and (self.tracked is None or self.tracked(request, message)):
             self.counters.per_request_received[request] += len(parts[-1])
         return identity, message
 

@@ -25,6 +25,7 @@ from asyncspec.cloudedge import protocol as wire
 # drafter's multinomial); above MAX the law is uniform to fp32 precision and nobody means it.
 MIN_TEMPERATURE = 1e-2
 MAX_TEMPERATURE = 100.0
+_F32_MIN, _F32_MAX = wire.f32(MIN_TEMPERATURE), wire.f32(MAX_TEMPERATURE)
 UINT64_MAX = 2**64 - 1
 UINT32_MAX = 2**32 - 1
 MAX_BLOCK_CANDIDATES = 256  # no edge policy drafts more; the cloud's own cap (max_block) is tighter
@@ -41,7 +42,9 @@ def sampling_problem(temperature, seed) -> str | None:
         return "temperature must be a number"
     if not math.isfinite(temperature) or temperature < 0:
         return f"temperature must be a finite number >= 0, not {temperature!r}"
-    if temperature != 0 and not MIN_TEMPERATURE <= temperature <= MAX_TEMPERATURE:
+    # compared as the float32 it travels as: 0.01 rounds to 0.0099999998 on the wire, below a float64 0.01
+    in_range = temperature <= 2 * MAX_TEMPERATURE and _F32_MIN <= wire.f32(temperature) <= _F32_MAX
+    if temperature != 0 and not in_range:
         return f"temperature must be 0 (greedy) or between {MIN_TEMPERATURE} and {MAX_TEMPERATURE}, not {temperature!r}"
     if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= UINT64_MAX:
         return f"seed must be an integer between 0 and 2**64 - 1, not {seed!r}"

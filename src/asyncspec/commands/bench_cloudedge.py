@@ -48,6 +48,11 @@ def add_correction_arguments(correction) -> None:
     correction.add_argument("--quality-tokens", type=int, default=96, help="max new tokens per quality problem")
     correction.add_argument("--quality-k", type=int, default=16, help="bounded support K for the quality runs")
     correction.add_argument("--eps-req", type=float, default=0.05, help="TV budget of the bounded quality runs")
+    correction.add_argument(
+        "--unsafe-local-exec",
+        action="store_true",
+        help="score HumanEval even where the sandbox gets no namespaces (model-written code then runs as this user)",
+    )
     correction.add_argument("--dtype", choices=["bf16", "fp32"])
     correction.add_argument("--seed", type=int, default=0)
     correction.add_argument("--out", default="out")

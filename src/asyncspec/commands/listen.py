@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from asyncspec.audio import load_audio
+from asyncspec.commands.serve import add_http_auth_options
 from asyncspec.errors import InputError
 from asyncspec.ondemand.ingest import PACES, PCM_FORMATS, AudioBlock, LatestWindow, file_blocks, pcm_blocks
 from asyncspec.run.options import add_decoding_options
@@ -32,7 +33,7 @@ def add_arguments(parser) -> None:
     parser.add_argument(
         "--api-key-file", metavar="FILE", help="require `Authorization: Bearer KEY` (env ASYNCSPEC_API_KEY too)"
     )
-    parser.add_argument("--allow-host", action="append", default=[], help="an extra Host name the API answers")
+    add_http_auth_options(parser)
     parser.add_argument("--max-upload-bytes", type=int, default=32 << 20, help="largest uploaded file")
     parser.add_argument("--max-connections", type=int, default=32, help="concurrent HTTP connections")
     parser.add_argument("--auto", action="store_true", help="transcribe every block as it completes (no server)")
@@ -74,7 +75,8 @@ def run(args) -> int:
 def _bind_http(args):
     from asyncspec.httpguard import FORM_OVERHEAD_BYTES, bind_listening_socket, guard_config
 
-    guard = guard_config(args.host, args.api_key_file, args.max_upload_bytes + FORM_OVERHEAD_BYTES, args.allow_host)
+    body = args.max_upload_bytes + FORM_OVERHEAD_BYTES
+    guard = guard_config(args.host, args.api_key_file, body, args.allow_host, args.insecure_no_auth)
     return bind_listening_socket(args.host, args.port), guard
 
 
@@ -154,7 +156,7 @@ def run_auto(args, method: str, target, drafters, config, blocks) -> int:
     auto.thread.join()
     audio_s = ingestor.status.seconds
     elapsed = (auto.finished_at or 0.0) - (auto.origin or 0.0)
-    summary = summarize(auto.records, args.block_s, audio_s, elapsed, auto.dropped_blocks)
+    summary = summarize(auto.records, args.block_s, audio_s, elapsed, auto.dropped_blocks, len(auto.failures))
     summary.update(
         method=method,
         model=args.model,
@@ -169,7 +171,7 @@ def run_auto(args, method: str, target, drafters, config, blocks) -> int:
     )
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    report = {"summary": summary, "blocks": records_json(auto.records)}
+    report = {"summary": summary, "blocks": records_json(auto.records), "failed_blocks": records_json(auto.failures)}
     (out / "listen_auto.json").write_text(json.dumps(report, indent=1))
     print_auto_summary(summary)
     if auto.records:
@@ -177,6 +179,9 @@ def run_auto(args, method: str, target, drafters, config, blocks) -> int:
         title += f"load {load_before[0]:.1f}"
         plot_streaming(auto.records, args.block_s, out / "listen_auto.png", title)
     print(f"wrote {out / 'listen_auto.json'} and listen_auto.png")
+    if auto.failures:  # lost work is an error, even when the other blocks were transcribed
+        print(f"asyncspec: error: {len(auto.failures)} block(s) failed (listed in listen_auto.json)", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -197,6 +202,8 @@ def _print_block(record) -> None:
 
 
 def print_auto_summary(summary: dict) -> None:
+    if summary.get("failed_blocks"):
+        print(f"{summary['failed_blocks']} block(s) FAILED and were not transcribed (see failed_blocks in the JSON)")
     if not summary["blocks"]:
         print("no block was transcribed")
         return

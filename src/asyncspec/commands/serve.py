@@ -78,12 +78,24 @@ def _cloud_limits(parser: argparse.ArgumentParser) -> None:
 
 def _curve_options(parser: argparse.ArgumentParser, server: bool) -> None:
     parser.add_argument("--curve-secret", metavar="FILE", help="this service's CURVE secret key (asyncspec keys)")
-    if server:
-        parser.add_argument("--curve-clients", metavar="DIR", help="admit only the public keys in this folder")
-    else:
+    clients = "edges" if server else "clients of --bind"
+    parser.add_argument("--curve-clients", metavar="DIR", help=f"admit only the {clients} whose public keys are here")
+    if not server:
         parser.add_argument("--curve-server", metavar="FILE", help="the cloud's CURVE public key file")
     parser.add_argument(
-        "--allow-insecure", action="store_true", help="bind off loopback without CURVE keys (trusted networks only)"
+        "--allow-insecure",
+        action="store_true",
+        help="bind ZeroMQ off loopback without CURVE and a client allow-list (trusted networks only; logged)",
+    )
+
+
+def add_http_auth_options(parser: argparse.ArgumentParser) -> None:
+    """Shared with `listen`: who may use an HTTP service bound off loopback, and by which Host names."""
+    parser.add_argument(
+        "--allow-host", "--allowed-host", action="append", default=[], help="a Host name clients use (repeatable)"
+    )
+    parser.add_argument(
+        "--insecure-no-auth", action="store_true", help="serve HTTP off loopback with no API key (loud in the log)"
     )
 
 
@@ -95,7 +107,7 @@ def _http_options(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--http-max-body", type=int, default=DEFAULT_MAX_BODY_BYTES, help="request body bytes")
     parser.add_argument("--http-max-connections", type=int, default=64, help="concurrent HTTP connections")
-    parser.add_argument("--allow-host", action="append", default=[], help="an extra Host name the HTTP API answers")
+    add_http_auth_options(parser)
 
 
 def _model_options(parser: argparse.ArgumentParser) -> None:
@@ -139,7 +151,7 @@ def run_cloud(args) -> int:
     from asyncspec.cloudedge.auth import require_keys_off_loopback, server_keys
     from asyncspec.cloudedge.cloud import CloudConfig, CloudVerifier
 
-    curve = server_keys(args.curve_secret, args.curve_clients) if args.curve_secret else None
+    curve = _server_curve(args, server_keys)
     require_keys_off_loopback(args.bind, curve, "--curve-secret", args.allow_insecure)
     target = _load(args.model, args.dtype)
     config = CloudConfig(
@@ -200,7 +212,7 @@ def _bind_http(args):
     host, _, port = args.http.rpartition(":")
     if not host or not port.isdigit():
         raise InputError(f"--http must be HOST:PORT, not {args.http!r}")
-    guard = guard_config(host, args.api_key_file, args.http_max_body, tuple(args.allow_host))
+    guard = guard_config(host, args.api_key_file, args.http_max_body, tuple(args.allow_host), args.insecure_no_auth)
     return bind_listening_socket(host, int(port)), guard
 
 
@@ -239,7 +251,7 @@ def run_edge(args) -> int:
 
     policy = _policy(args)
     cloud_curve = _edge_curve(args, client_keys)
-    front_curve = server_keys(args.curve_secret) if args.curve_secret else None
+    front_curve = _server_curve(args, server_keys)
     require_keys_off_loopback(args.bind, front_curve, "--curve-secret", args.allow_insecure)
     http = _bind_http(args) if args.http else None
     drafter = _load(args.model, args.dtype, engine="transformers")  # drafts need not be exact
@@ -265,6 +277,13 @@ def run_edge(args) -> int:
             server.should_exit = True
         _log_exit("edge", gateway.summary())
     return 0
+
+
+def _server_curve(args, server_keys):
+    """This service's CURVE keys as a server, with the folder of the peers it admits."""
+    if args.curve_clients and not args.curve_secret:
+        raise InputError("--curve-clients needs --curve-secret (this service's own key pair)")
+    return server_keys(args.curve_secret, args.curve_clients) if args.curve_secret else None
 
 
 def _edge_curve(args, client_keys):

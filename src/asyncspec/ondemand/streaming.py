@@ -8,11 +8,16 @@ Per block: queue wait (arrival -> start), processing, completion lag (last sampl
 RTF (target path: encoder + prefill + decoding, over the block's duration) and resource RTF (all
 service time, producer drain included), decode throughput. Keeping pace = p95 lag below the block
 length + 1 s and no growing backlog.
+A block whose transcription raises is recorded (`BlockFailure`: which block, the error), its
+context is dropped (the next block starts a fresh segment: its text cannot rest on words that were
+never committed), and the next block goes on; the summary counts failures and never calls a run
+with a failure one that keeps pace.
 """
 
 from __future__ import annotations
 
 import queue
+import sys
 import threading
 import time
 from dataclasses import asdict, dataclass, field
@@ -58,6 +63,14 @@ class BlockRecord:
 
 
 @dataclass
+class BlockFailure:
+    index: int
+    start_s: float
+    end_s: float
+    error: str  # "ExceptionType: message", the message cut at 300 characters
+
+
+@dataclass
 class Segment:
     """The current context: audio and committed target tokens since the last reset."""
 
@@ -96,6 +109,7 @@ class AutoTranscriber:
         self.drafter = NewestBlockProducer(drafter, int(block_s * SAMPLE_RATE)) if method == "as2d" else drafter
         self.on_record = on_record or (lambda record: None)
         self.records: list[BlockRecord] = []
+        self.failures: list[BlockFailure] = []
         self.dropped_blocks = 0
         self.origin: float | None = None
         self.finished_at: float | None = None
@@ -121,10 +135,24 @@ class AutoTranscriber:
 
     def _work(self) -> None:
         while (block := self._pending.get()) is not None:
-            record = self._transcribe(block, self._pending.qsize())
+            try:
+                record = self._transcribe(block, self._pending.qsize())
+            except Exception as error:  # one block's failure must not end the transcription of the rest
+                self._failed(block, error)
+                continue
             self.records.append(record)
             self.on_record(record)
         self.finished_at = time.perf_counter()
+
+    def _failed(self, block: AudioBlock, error: Exception) -> None:
+        failure = BlockFailure(block.index, block.start_s, block.end_s, f"{type(error).__name__}: {error}"[:300])
+        self.failures.append(failure)
+        self._segment = Segment()  # its audio is in the context but its words are not: start afresh
+        print(
+            f"asyncspec listen: block {block.index} ({block.start_s:.1f}-{block.end_s:.1f} s) failed: {failure.error}",
+            file=sys.stderr,
+            flush=True,
+        )
 
     def _transcribe(self, block: AudioBlock, backlog: int) -> BlockRecord:
         started = time.perf_counter()
@@ -171,10 +199,12 @@ class AutoTranscriber:
         )
 
 
-def summarize(records: list[BlockRecord], block_s: float, audio_s: float, elapsed_s: float, dropped: int) -> dict:
+def summarize(
+    records: list[BlockRecord], block_s: float, audio_s: float, elapsed_s: float, dropped: int, failed: int = 0
+) -> dict:
     """Mean, p95 (linear interpolation) and max of each per-block figure, and the keeps-pace verdict."""
     if not records:
-        return {"blocks": 0, "keeps_pace": False, "reason": "no block was transcribed"}
+        return {"blocks": 0, "failed_blocks": failed, "keeps_pace": False, "reason": "no block was transcribed"}
     figures = {}
     for name in ("queue_wait_s", "processing_s", "completion_lag_s", "active_rtf", "resource_rtf", "decode_tps"):
         values = np.array([getattr(r, name) for r in records])
@@ -198,14 +228,15 @@ def summarize(records: list[BlockRecord], block_s: float, audio_s: float, elapse
         "max_backlog_blocks": max(r.backlog for r in records),
         "queue_wait_slope_s_per_s": round(slope, 5),
         "dropped_blocks": dropped,
+        "failed_blocks": failed,
         "capped_outputs": sum(r.capped for r in records),
         "tokens": sum(r.n_tokens for r in records),
         **figures,
         "p95_lag_below_block_plus_1s": lag_ok,
         "backlog_growing": growing,
-        "keeps_pace": lag_ok and not growing,
+        "keeps_pace": lag_ok and not growing and not failed,
     }
 
 
-def records_json(records: list[BlockRecord]) -> list[dict[str, Any]]:
+def records_json(records: list[BlockRecord] | list[BlockFailure]) -> list[dict[str, Any]]:
     return [{k: round(v, 4) if isinstance(v, float) else v for k, v in asdict(r).items()} for r in records]

