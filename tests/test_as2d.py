@@ -11,11 +11,10 @@ import torch
 
 from asyncspec.audio import load_audio
 from asyncspec.data.librivox import librivox_clips
-from asyncspec.decoding import as2d
-from asyncspec.ondevice import align
 from asyncspec.decoding.methods import METHODS
 from asyncspec.decoding.result import DecodeConfig
 from asyncspec.models.base import DecodeRequest
+from asyncspec.ondevice import align
 from asyncspec.ondevice.accounting import account, merge
 from asyncspec.ondevice.align import realign
 from asyncspec.ondevice.buffer import CandidateBuffer, PublishedBatch

@@ -25,7 +25,7 @@ import sys
 import time
 from pathlib import Path
 
-from asyncspec.benchmarks.e2e_systems import StreamingSystem, Transcript
+from asyncspec.benchmarks.e2e_systems import Segment, StreamingSystem, Transcript
 from asyncspec.errors import InputError
 
 PYWHISPERCPP_HINT = "pip install 'asyncspec[bench]'  (or: pip install pywhispercpp==1.5.1)"
@@ -106,8 +106,10 @@ class WhisperCppSystem(StreamingSystem):
 
         # asyncspec's reader (any rate, any format libsndfile reads), so every system gets the same samples.
         segments = self.model.transcribe(load_audio(path))
-        spans = [(segment.t0 * TIME_UNIT_S, segment.t1 * TIME_UNIT_S, segment.text.strip()) for segment in segments]
-        return Transcript(" ".join(text for _, _, text in spans).strip(), segments=spans)
+        spans = [
+            Segment(segment.t0 * TIME_UNIT_S, segment.t1 * TIME_UNIT_S, segment.text.strip()) for segment in segments
+        ]
+        return Transcript(" ".join(span.text for span in spans).strip(), segments=spans)
 
     def close(self) -> None:
         del self.model

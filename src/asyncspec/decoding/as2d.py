@@ -15,7 +15,14 @@ from typing import Protocol
 
 import numpy as np
 
-from asyncspec.decoding.result import DecodeConfig, DecodeResult, DecodeStats, commit_token, observe_prefill, output_limit
+from asyncspec.decoding.result import (
+    DecodeConfig,
+    DecodeResult,
+    DecodeStats,
+    commit_token,
+    observe_prefill,
+    output_limit,
+)
 from asyncspec.decoding.speculative import verify_candidates
 from asyncspec.errors import InputError
 from asyncspec.models.base import Decoder, DecodeRequest

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from asyncspec.models.base import Decoder, DecoderState, DecodeRequest
+from asyncspec.models.base import Decoder, DecodeRequest, DecoderState
 from asyncspec.trace import Trace
 
 if TYPE_CHECKING:

@@ -14,7 +14,14 @@ from typing import Protocol
 import torch
 
 from asyncspec.decoding.drafter import DrafterCounters, Proposal
-from asyncspec.decoding.result import DecodeConfig, DecodeResult, DecodeStats, commit_token, observe_prefill, output_limit
+from asyncspec.decoding.result import (
+    DecodeConfig,
+    DecodeResult,
+    DecodeStats,
+    commit_token,
+    observe_prefill,
+    output_limit,
+)
 from asyncspec.models.base import Decoder, DecodeRequest, DecoderState
 from asyncspec.models.selftest import require_invariant
 from asyncspec.sampling import make_generator, next_token

@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
-from asyncspec.decoding.result import DecodeConfig, DecodeResult, DecodeStats, commit_token, observe_prefill, output_limit
+from asyncspec.decoding.result import (
+    DecodeConfig,
+    DecodeResult,
+    DecodeStats,
+    commit_token,
+    observe_prefill,
+    output_limit,
+)
 from asyncspec.models.base import Decoder, DecodeRequest
 from asyncspec.sampling import decide, make_generator, next_token, token_logprob
 from asyncspec.trace import Trace

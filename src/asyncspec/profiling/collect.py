@@ -16,8 +16,8 @@ from asyncspec.models.base import Decoder
 from asyncspec.models.hf_whisper import WhisperBackend
 from asyncspec.profiling.deployed import ProducerChoice
 from asyncspec.profiling.trajectory import WindowTrajectory, reference_trajectory
-from asyncspec.transcription.loading import make_producer
 from asyncspec.run.report import progress
+from asyncspec.transcription.loading import make_producer
 
 Window = tuple[str, str, np.ndarray]  # (dataset, name, 16 kHz samples)
 

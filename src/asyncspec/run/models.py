@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
-from asyncspec.errors import InputError, ModelNotPreparedError
+from asyncspec.errors import InputError
 from asyncspec.models.base import Decoder
 from asyncspec.run.compare import needs_drafter
 from asyncspec.run.options import DecodingOptions

@@ -164,8 +164,14 @@ def _choose(attempts: list[Attempt], options: LongformOptions) -> Attempt:
     threshold = options.compression_ratio_threshold
     plausible = [a for a in attempts if threshold is None or a.compression_ratio <= threshold] or attempts
     best = max(plausible, key=lambda attempt: attempt.avg_logprob)
-    return Attempt(best.request, best.result, attempts[-1].temperature, best.avg_logprob, best.compression_ratio,
-                   best.no_speech_prob)
+    return Attempt(
+        best.request,
+        best.result,
+        attempts[-1].temperature,
+        best.avg_logprob,
+        best.compression_ratio,
+        best.no_speech_prob,
+    )
 
 
 def _is_silent(attempt: Attempt, options: LongformOptions) -> bool:
@@ -179,7 +185,7 @@ def _segments(target, outcome: WindowOutcome, first_id: int) -> tuple[list[Segme
     pieces, next_seek = split_by_timestamps(
         rules, chosen.result.tokens, outcome.seek / FRAMES_PER_SECOND, outcome.seek, outcome.frames
     )
-    segments = []
+    segments: list[Segment] = []
     for piece in pieces:
         text = text_of(target.tokenizer, rules, piece.tokens)
         if piece.start == piece.end or not text.strip():
