@@ -20,7 +20,33 @@ def add_transcribe(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("audio", nargs="+", help="WAV/FLAC/OGG/MP3 files")
     parser.add_argument("--language", default="en")
     parser.add_argument("--json", metavar="FILE", help=JSON_HELP)
+    parser.add_argument("--output-dir", metavar="DIR", help="write <name>.<format> files here")
+    parser.add_argument("--output-format", default="all", help="with --output-dir: txt, srt, vtt, tsv, json or all")
     add_decoding_options(parser, "whisper-base", "whisper-tiny.en")
+    parser.set_defaults(method="as2d")
+    add_longform_options(parser)
+
+
+def add_longform_options(parser: argparse.ArgumentParser) -> None:
+    """Whisper's long-form settings, with faster-whisper's defaults."""
+    parser.add_argument(
+        "--temperature-increment-on-fallback",
+        type=float,
+        default=0.2,
+        help="a window that fails the checks is decoded again this much hotter, up to 1 (0: no fallback)",
+    )
+    parser.add_argument(
+        "--best-of", type=int, default=5, help="samples per fallback temperature (the likeliest is kept)"
+    )
+    parser.add_argument("--compression-ratio-threshold", type=float, default=2.4, help="fall back above this")
+    parser.add_argument("--logprob-threshold", type=float, default=-1.0, help="fall back below this average log p")
+    parser.add_argument("--no-speech-threshold", type=float, default=0.6, help="skip a silent window above this")
+    parser.add_argument(
+        "--condition-on-previous-text",
+        default=True,
+        action=argparse.BooleanOptionalAction,
+        help="prompt each window with the text before it (reset after a hot fallback)",
+    )
 
 
 def add_generate(parser: argparse.ArgumentParser) -> None:

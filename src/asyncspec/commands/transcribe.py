@@ -1,23 +1,98 @@
-"""`asyncspec transcribe`: audio files -> windows -> one decode per window and method."""
+"""`asyncspec transcribe`: recordings -> timed segments (Whisper's long-form algorithm, As²d by
+default): the text on stdout, subtitle and data files with --output-dir, every method checked
+against target-only with --compare."""
 
 from __future__ import annotations
 
-from asyncspec.models.hf_whisper import WhisperBackend
-from asyncspec.run.compare import equality_check, methods_to_run, print_summary, run_jobs
-from asyncspec.run.models import load_models
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from asyncspec.audio import load_audio
+from asyncspec.errors import InputError
+from asyncspec.run.compare import equality_check, methods_to_run, print_summary
 from asyncspec.run.options import DecodingOptions, decode_config
-from asyncspec.run.windows import file_windows, window_jobs
+from asyncspec.transcription.longform import DEFAULT_TEMPERATURES, LongformOptions
+from asyncspec.transcription.outputs import parse_formats, write_outputs
 
 
 def run(args) -> int:
     options = DecodingOptions.from_args(args)  # bad options fail before any file is read
-    windows = file_windows(args.audio)
-    options = options.running(methods_to_run(options.methods, options.compare))
-    config = decode_config(options)
-    with load_models(options, WhisperBackend, "speech") as (target, drafters):
-        if options.methods == ["as2d"]:  # alone (no reference decoding between its windows to flatter it)
-            drafters["as2d"].arrive([window.samples for _, window in windows])  # every window has arrived
-        jobs = window_jobs(target, windows, args.language)
-        exactness = equality_check(target, config, options.compare)
-        records = run_jobs(target, drafters, jobs, options.methods, config, options.trace, exactness)
+    decode_config(options)  # checks --budget and --temperature
+    longform = longform_options(args)
+    formats = parse_formats(args.output_format) if args.output_dir else []
+    if options.producer != "ct2-chunk" and "as2d" in options.methods:
+        raise InputError("long-form As²d drafts with the ct2-chunk producer (its publications carry audio time)")
+    audio = [(path, load_audio(path)) for path in args.audio]  # every file validated before any decoding
+    methods = methods_to_run(options.methods, options.compare)
+    output_dir = Path(args.output_dir) if args.output_dir else None
+    plan = _Run(methods, options.methods[0], longform, formats, output_dir)
+    from asyncspec.transcription.api import Transcriber
+
+    with Transcriber(
+        options.model or "whisper-base",
+        methods,
+        dtype=options.dtype,
+        encoder=options.encoder,
+        producer_model=options.producer_model,
+        chunk_s=options.chunk_s,
+        budget=options.budget,
+        drafter=options.drafter or "whisper-tiny.en",
+    ) as transcriber:
+        exactness = equality_check(transcriber.target, decode_config(options), options.compare)
+        records = []
+        for path, samples in audio:
+            records += _transcribe_file(transcriber, path, samples, plan, exactness)
     return print_summary(records, exactness, args.json)
+
+
+@dataclass(frozen=True)
+class _Run:
+    methods: list[str]  # target-only first when compared
+    shown: str  # the method whose text is printed and written
+    longform: LongformOptions
+    formats: list[str]
+    output_dir: Path | None
+
+
+def _transcribe_file(transcriber, path: str, samples, run: _Run, exactness) -> list[dict]:
+    from asyncspec.run.longform import check_windows, stream_segments, window_records
+
+    infos, kept = {}, {}
+    for method in run.methods:
+        segments, info = transcriber.transcribe(samples, run.longform, method=method)
+        kept[method] = stream_segments(segments, info, Path(path).name, echo=method == run.shown)
+        infos[method] = info
+    if exactness is not None:
+        for method in run.methods[1:]:
+            check_windows(exactness, path, method, infos["target"], infos[method])
+    if run.output_dir is not None:
+        info = infos[run.shown]
+        details = {"language": info.language, "duration": info.duration, "method": run.shown, "model": info.model}
+        written = write_outputs(kept[run.shown], details, path, run.output_dir, run.formats)
+        print(f"wrote {', '.join(str(p) for p in written)}", file=sys.stderr)
+    return window_records(path, infos, transcriber.target, exactness is not None)
+
+
+def longform_options(args) -> LongformOptions:
+    increment = args.temperature_increment_on_fallback
+    if increment < 0 or args.temperature < 0:
+        raise InputError("--temperature and --temperature-increment-on-fallback must be >= 0")
+    temperatures = (args.temperature,)
+    if increment > 0:
+        steps = int(round((1.0 - args.temperature) / increment))
+        temperatures = tuple(round(args.temperature + i * increment, 6) for i in range(steps + 1)) or (
+            args.temperature,
+        )
+    if args.best_of < 1:
+        raise InputError(f"--best-of must be at least 1, got {args.best_of}")
+    return LongformOptions(
+        language=args.language,
+        temperatures=temperatures if temperatures else DEFAULT_TEMPERATURES,
+        best_of=args.best_of,
+        compression_ratio_threshold=args.compression_ratio_threshold,
+        log_prob_threshold=args.logprob_threshold,
+        no_speech_threshold=args.no_speech_threshold,
+        condition_on_previous_text=args.condition_on_previous_text,
+        seed=args.seed,
+    )

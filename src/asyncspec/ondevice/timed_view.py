@@ -37,7 +37,14 @@ class FileCandidates:
         self._views += 1
         return WindowCandidates(self, seek_s, end_s, self._views)
 
-    def close(self) -> None:
+    def close(self, complete: bool = False, timeout_s: float = 600.0) -> None:
+        """Stop the file's drafting; with `complete`, first let the producer publish all of it
+        (a decoupling test compares whole publications)."""
+        deadline = time.monotonic() + timeout_s
+        while complete and not self.buffer.finished and time.monotonic() < deadline:
+            if self.buffer.channel is None or not self.buffer.channel.poll(0.5):
+                continue
+            self.buffer.accept(self.buffer.channel.recv())
         self.producer.finish(self.buffer)
 
 

@@ -20,7 +20,7 @@ if TYPE_CHECKING:  # both import torch: not while the command line is only being
 def add_decoding_options(parser: argparse.ArgumentParser, default_model: str | None, default_drafter: str | None):
     """The options every decoding command takes; `DecodingOptions.from_args` reads them back."""
     parser.add_argument("--model", default=default_model, help="registered name, local directory or HF id")
-    parser.add_argument("--method", default="target", help="comma list of: target, sd, specasr, as2d")
+    parser.add_argument("--method", default="target", help="comma list of: as2d, target, sd, specasr")
     parser.add_argument("--drafter", default=default_drafter, help="drafter model for sd/specasr")
     parser.add_argument("--budget", type=int, default=None, help="proposals per round (sd: 7, specasr cap: 24)")
     parser.add_argument("--compare", action="store_true", help="also run target-only, check equality, print a table")

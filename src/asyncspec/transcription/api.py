@@ -13,7 +13,7 @@ window equals target-only's (`method="target"`), token for token, timestamps inc
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -25,8 +25,9 @@ from asyncspec.errors import InputError
 from asyncspec.transcription.longform import LongformOptions, WindowOutcome, transcribe_windows
 from asyncspec.transcription.segments import Segment
 
-LONGFORM_METHODS = ("as2d", "target")
-POSITIONAL_SAMPLERS = {"as2d", "target"}  # methods that can decode a fallback window
+METHODS = ("as2d", "target", "sd", "specasr")
+POSITIONAL_SAMPLERS = {"as2d", "target"}  # methods that decode a fallback window themselves
+PREFIX_DRAFTED = {"sd", "specasr"}
 
 
 @dataclass
@@ -53,59 +54,88 @@ class TranscriptionInfo:
     options: LongformOptions
     stats: TranscriptionStats = field(default_factory=TranscriptionStats)
     windows: list[WindowOutcome] = field(default_factory=list)  # for exactness checks and reports
+    # As²d: what the producer published for the recording, (offset, tokens, start_s, end_s) per
+    # batch; a function of the audio alone (the decoupling test compares it across targets)
+    publications: list[tuple] = field(default_factory=list)
 
 
 class Transcriber:
     """Whisper long-form transcription on the fixed-shape target engine.
 
-    method: "as2d" (default) or "target". dtype: the target decoder's ("bf16" or "fp32");
-    encoder: "auto" (placed by measurement on this machine), "fp32" or "bf16". As²d's producer:
-    `producer_model` over `chunk_s` chunks, `budget` candidates per verification."""
+    method: "as2d" (default), "target", "sd" or "specasr", or several (the first is the default of
+    `transcribe`; target-only is always available). dtype: the target decoder's ("bf16" or
+    "fp32"); encoder: "auto" (placed by measurement on this machine), "fp32" or "bf16". As²d's
+    producer: `producer_model` over `chunk_s` chunks, `budget` candidates per verification;
+    sd/specasr's prefix-conditioned `drafter`."""
 
     def __init__(
         self,
         model: str = "whisper-base",
-        method: str = "as2d",
+        method: str | Sequence[str] = "as2d",
         *,
         dtype: str = "bf16",
         encoder: str = "auto",
         producer_model: str = "whisper-tiny.en",
         chunk_s: float | None = None,
         budget: int | None = None,
+        drafter: str = "whisper-tiny.en",
     ):
         from asyncspec.profiling.deployed import deployed_as2d
-        from asyncspec.transcription.loading import LONGFORM_PRODUCER, load_speech_target, spawn_producer_early
+        from asyncspec.transcription import loading
 
-        if method not in LONGFORM_METHODS:
-            raise InputError(f"unknown method {method!r} for long-form transcription; choose {LONGFORM_METHODS}")
-        as2d = deployed_as2d(LONGFORM_PRODUCER, chunk_s, budget)
-        self.model, self.method, self.chunk_s, self.budget = model, method, as2d.chunk_s, as2d.budget
-        self.producer = None
-        if method == "as2d":  # spawned first: it loads while the target does
-            self.producer = spawn_producer_early(model, LONGFORM_PRODUCER, as2d.chunk_s, producer_model, dtype)
+        self.methods = (method,) if isinstance(method, str) else tuple(method)
+        unknown = [m for m in self.methods if m not in METHODS]
+        if unknown or not self.methods:
+            raise InputError(f"unknown method {', '.join(unknown) or repr(method)}; choose from {', '.join(METHODS)}")
+        as2d = deployed_as2d(loading.LONGFORM_PRODUCER, chunk_s, budget)
+        self.model, self.method, self.chunk_s, self.budget = model, self.methods[0], as2d.chunk_s, budget
+        self.drafters: dict[str, Any] = {}
+        self.complete_drafting = False  # True: the producer drafts the whole recording (decoupling tests)
+        self.as2d_budget = as2d.budget
+        producer = None
+        if "as2d" in self.methods:  # spawned first: it loads while the target does
+            kind = loading.LONGFORM_PRODUCER
+            producer = loading.spawn_producer_early(model, kind, as2d.chunk_s, producer_model, dtype)
+            self.drafters["as2d"] = producer
         try:
-            self.target = load_speech_target(model, dtype, encoder)
-            if method == "as2d" and self.producer is None:
-                from asyncspec.transcription.loading import make_producer
+            self.target = loading.load_speech_target(model, dtype, encoder)
+            if "as2d" in self.methods and producer is None:
+                self.drafters["as2d"] = loading.make_producer(
+                    loading.LONGFORM_PRODUCER, as2d.chunk_s, producer_model, dtype, self.target
+                )
+            if PREFIX_DRAFTED & set(self.methods):
+                from asyncspec.models.registry import load_decoder
 
-                self.producer = make_producer(LONGFORM_PRODUCER, as2d.chunk_s, producer_model, dtype, self.target)
+                prefix_drafter = load_decoder(drafter, dtype, engine="transformers")
+                self.drafters |= {name: prefix_drafter for name in PREFIX_DRAFTED}
         except BaseException:
             self.close()
             raise
 
+    @property
+    def producer(self):
+        return self.drafters.get("as2d")
+
     def transcribe(
-        self, audio: str | Path | np.ndarray, options: LongformOptions | None = None, **overrides: Any
+        self,
+        audio: str | Path | np.ndarray,
+        options: LongformOptions | None = None,
+        method: str | None = None,
+        **overrides: Any,
     ) -> tuple[Iterator[Segment], TranscriptionInfo]:
         """Segments (lazily) and the info of a recording: a path, or 16 kHz mono float32 samples.
         Keyword overrides are LongformOptions fields (language, temperatures, best_of, thresholds,
         condition_on_previous_text, seed)."""
+        method = method or self.method
+        if method != "target" and method not in self.methods:
+            raise InputError(f"this transcriber was not loaded for {method!r} (methods: {', '.join(self.methods)})")
         options = replace(options or LongformOptions(), **overrides)
         samples = self.load(audio)
         info = TranscriptionInfo(
             language=options.language,
             language_probability=1.0,
             duration=len(samples) / SAMPLE_RATE,
-            method=self.method,
+            method=method,
             model=self.model,
             options=options,
         )
@@ -120,35 +150,37 @@ class Transcriber:
     def _segments(self, samples: np.ndarray, options: LongformOptions, info: TranscriptionInfo) -> Iterator[Segment]:
         from asyncspec.ondevice.timed_view import FileCandidates
 
-        files = FileCandidates(self.producer, samples, self.target.timestamp_rules) if self.producer else None
+        uses_producer = info.method == "as2d"
+        files = FileCandidates(self.producer, samples, self.target.timestamp_rules) if uses_producer else None
         try:
-            for outcome in transcribe_windows(self.target, self._window_decoder(files), samples, options):
+            for outcome in transcribe_windows(self.target, self._window_decoder(info.method, files), samples, options):
                 _observe(info, outcome)
                 yield from outcome.segments
         finally:
             if files is not None:
-                files.close()
+                files.close(complete=self.complete_drafting)
                 info.stats.producer_failure = files.buffer.failure
+                info.publications = [(b.offset, b.tokens, b.start_s, b.end_s) for b in files.buffer.batches]
 
-    def _window_decoder(self, files):
-        from asyncspec.decoding.methods import METHODS
+    def _window_decoder(self, method: str, files):
+        from asyncspec.decoding.methods import METHODS as DECODERS
         from asyncspec.decoding.result import DecodeConfig
 
-        method, budget = self.method, self.budget
+        budgets = (("as2d", self.as2d_budget),) if self.as2d_budget else ()
 
         def decode(request, config: DecodeConfig, seek_s: float, end_s: float):
-            config = replace(config, method_budgets=(("as2d", budget),) if budget else ())
+            config = replace(config, budget=self.budget, method_budgets=budgets)
             if config.temperature > 0 and method not in POSITIONAL_SAMPLERS:
-                return METHODS["target"](self.target, None, request, config)
-            drafter = files.window(seek_s, end_s) if files is not None else None
-            return METHODS[method](self.target, drafter, request, config)
+                return DECODERS["target"](self.target, None, request, config)  # the same positional sample
+            drafter = files.window(seek_s, end_s) if files is not None else self.drafters.get(method)
+            return DECODERS[method](self.target, drafter, request, config)
 
         return decode
 
     def close(self) -> None:
-        if self.producer is not None:
-            self.producer.close()
-            self.producer = None
+        producer = self.drafters.pop("as2d", None)
+        if producer is not None:
+            producer.close()
 
     def __enter__(self) -> Transcriber:
         return self

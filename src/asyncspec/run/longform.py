@@ -1,0 +1,77 @@
+"""Long-form runs side by side: every method's windows against target-only's, window by window
+(seek, prompt and tokens, timestamps included), as records the summary table pools."""
+
+from __future__ import annotations
+
+import sys
+from itertools import zip_longest
+from pathlib import Path
+from typing import Any
+
+from asyncspec.exactness import ExactnessCheck
+from asyncspec.run.summary import REFERENCE, comparison_records
+from asyncspec.transcription.api import TranscriptionInfo
+from asyncspec.transcription.segments import Segment
+
+
+def stream_segments(segments, info: TranscriptionInfo, label: str, echo: bool) -> list[Segment]:
+    """Consume a transcription's segments: each one's text on stdout as it arrives (when `echo`),
+    progress on stderr, one line per window."""
+    kept, windows_seen = [], 0
+    for segment in segments:
+        kept.append(segment)
+        if echo:
+            print(segment.text.strip(), flush=True)
+        windows_seen = _progress(info, label, windows_seen)
+    _progress(info, label, windows_seen)
+    return kept
+
+
+def _progress(info: TranscriptionInfo, label: str, seen: int) -> int:
+    for outcome in info.windows[seen:]:
+        done = min((outcome.seek + outcome.frames) / 100, info.duration)
+        notes = " (silent, skipped)" if outcome.skipped else ""
+        notes += f" (fell back to T={outcome.chosen.temperature:g})" if outcome.fell_back else ""
+        print(f"{label} [{info.method}]: {done:.1f} / {info.duration:.1f} s{notes}", file=sys.stderr, flush=True)
+    return len(info.windows)
+
+
+def window_records(path: str, infos: dict[str, TranscriptionInfo], target, compared: bool) -> list[dict[str, Any]]:
+    """A record per method and window; `equal_to_target` against target-only's window of the same
+    index when target-only ran."""
+    records = []
+    reference = infos.get(REFERENCE) if compared else None
+    for method, info in infos.items():
+        for index, outcome in enumerate(info.windows):
+            context = {"file": str(path), "window": index, "start_s": outcome.seek / 100}
+            results = [outcome.chosen.result]
+            if reference is not None and method != REFERENCE and index < len(reference.windows):
+                results = [reference.windows[index].chosen.result, outcome.chosen.result]
+            record = comparison_records(results, target, compared and reference is not None, **context)[-1]
+            record |= {
+                "method": method,
+                "temperature": outcome.chosen.temperature,
+                "fell_back": outcome.fell_back,
+                "skipped": outcome.skipped,
+                "segments": len(outcome.segments),
+            }
+            if reference is not None and method != REFERENCE and index >= len(reference.windows):
+                record["equal_to_target"] = False
+            records.append(record)
+    return records
+
+
+def check_windows(check: ExactnessCheck, path: str, method: str, reference: TranscriptionInfo, info: TranscriptionInfo):
+    """Every window of `method` against target-only's: the same seek, prompt and tokens. After the
+    first difference the windows no longer decode the same audio, so the rest is one mismatch."""
+    for index, (expected, got) in enumerate(zip_longest(reference.windows, info.windows)):
+        where = f"{Path(path).name} window {index}"
+        if expected is None or got is None:
+            present = expected or got
+            tokens = present.chosen.result.tokens
+            check.check(where, method, present.chosen.request, tokens if got is None else [], tokens if got else [])
+            return
+        same_window = (expected.seek, expected.chosen.request.prompt_ids) == (got.seek, got.chosen.request.prompt_ids)
+        got_tokens = got.chosen.result.tokens if same_window else [-1]
+        if not check.check(where, method, expected.chosen.request, expected.chosen.result.tokens, got_tokens):
+            return

@@ -1,0 +1,108 @@
+"""Whisper's timestamp rules and segment splitting as pure functions, on hand-made logits and tokens."""
+
+from __future__ import annotations
+
+import torch
+
+from asyncspec.models.whisper_rules import TimestampRules, apply_timestamp_rules
+from asyncspec.transcription.longform import compression_ratio
+from asyncspec.transcription.outputs import monotonic_spans, to_srt, to_vtt
+from asyncspec.transcription.segments import Segment, split_by_timestamps
+
+# a toy vocabulary: text 0..9, end of text 10, no-timestamps 11, timestamps 12.. (<|0.00|> = 12)
+RULES = TimestampRules(timestamp_begin=12, eot=10, no_timestamps=11, max_initial_index=3)
+V = 40
+INF = float("-inf")
+
+
+def allowed(outputs: list[int], logits: torch.Tensor | None = None) -> set[int]:
+    """Ids left after the rules; by default text is likely enough that the timestamps' mass never wins."""
+    if logits is None:
+        logits = torch.zeros(V)
+        logits[:10] = 5.0
+    row = logits.clone()[None]
+    apply_timestamp_rules(RULES, row, [outputs])
+    return {i for i in range(V) if row[0, i] > INF}
+
+
+def test_the_first_token_is_a_timestamp_within_the_initial_bound():
+    assert allowed([]) == {12, 13, 14, 15}
+
+
+def test_after_a_pair_only_text_follows_and_after_a_lone_timestamp_only_a_timestamp_or_the_end():
+    assert allowed([12]) == set(range(10)) | {10}  # opened at 0.00: text (or the end of text)
+    after_text = allowed([12, 3, 4])
+    assert 3 in after_text and 13 in after_text and 12 not in after_text  # a segment has a nonzero length
+    likely_end = torch.zeros(V)
+    likely_end[:11] = 5.0
+    closing = allowed([12, 3, 20], likely_end)  # closed at 0.16: next opens at >= 0.16, or the end
+    assert closing == {10} | set(range(20, V))
+    assert allowed([12, 3, 20, 20]) == set(range(11))  # a segment opened: text (or the end)
+
+
+def test_timestamps_never_go_backwards():
+    assert min(t for t in allowed([12, 3, 20, 20, 5]) if t >= 12) == 21
+
+
+def test_timestamps_win_when_their_mass_beats_every_text_token():
+    logits = torch.full((V,), -5.0)
+    logits[3] = 1.0  # the likeliest text token
+    logits[12:] = 0.0  # 28 timestamps at e^0 each: their mass beats e^1
+    assert allowed([12, 4], logits) == set(range(13, V))
+    logits[3] = 5.0  # now one text token beats them all
+    assert 3 in allowed([12, 4], logits)
+
+
+def test_a_row_is_masked_by_its_own_prefix_only():
+    """Rows of one call get the masks they get alone: the rule never reads the call."""
+    prefixes = [[12], [12, 3], [12, 3, 20], [12, 3, 20, 20, 5]]
+    logits = torch.randn(len(prefixes), V, generator=torch.Generator().manual_seed(0))
+    together = logits.clone()
+    apply_timestamp_rules(RULES, together, prefixes)
+    for i, prefix in enumerate(prefixes):
+        alone = logits[i : i + 1].clone()
+        apply_timestamp_rules(RULES, alone, [prefix])
+        assert torch.equal(alone[0], together[i])
+
+
+def test_split_keeps_complete_segments_and_seeks_to_the_last_complete_timestamp():
+    # <|0.00|> a b <|1.00|><|1.00|> c <|2.00|><|2.40|> d   (cut by the window's end)
+    tokens = [12, 1, 2, 62, 62, 3, 112, 132, 4]
+    pieces, seek = split_by_timestamps(RULES, tokens, offset_s=10.0, seek=1000, size=3000)
+    assert [(p.start, p.end) for p in pieces] == [(10.0, 11.0), (11.0, 12.0)]
+    assert seek == 1000 + 100 * 2  # the unfinished segment is decoded again from 2.00 s
+
+
+def test_split_of_a_window_that_ends_on_a_lone_timestamp_moves_a_whole_window():
+    tokens = [12, 1, 2, 62, 62, 3, 112]
+    pieces, seek = split_by_timestamps(RULES, tokens, offset_s=0.0, seek=0, size=2500)
+    assert len(pieces) == 2 and pieces[-1].end == 2.0 and seek == 2500
+
+
+def test_a_window_without_a_pair_is_one_segment():
+    pieces, seek = split_by_timestamps(RULES, [12, 1, 2, 3], offset_s=5.0, seek=500, size=800)
+    assert len(pieces) == 1 and pieces[0].start == 5.0 and pieces[0].end == 5.0 + 8.0 and seek == 1300
+
+
+def test_compression_ratio_flags_a_loop():
+    assert compression_ratio("the cat sat on the mat. " * 20) > 2.4 > compression_ratio("the cat sat on the mat.")
+
+
+def _segment(start: float, end: float, text: str) -> Segment:
+    return Segment(0, 0, start, end, text, (), 0.0, 1.0, 0.0, 0.0)
+
+
+def test_subtitle_times_never_go_backwards_and_parse():
+    import srt
+    import webvtt
+
+    segments = [_segment(0.0, 2.0, " one"), _segment(1.5, 3.0, " two"), _segment(3.0, 3.0, " three")]
+    spans = monotonic_spans(segments)
+    assert [s[0] for s in spans] == [0.0, 2.0, 3.0] and all(a[1] <= b[0] for a, b in zip(spans, spans[1:], strict=False))
+    parsed = list(srt.parse(to_srt(segments, {})))
+    assert [p.content for p in parsed] == ["one", "two", "three"]
+    assert all(a.end <= b.start for a, b in zip(parsed, parsed[1:], strict=False))
+    import io
+
+    captions = webvtt.from_buffer(io.StringIO(to_vtt(segments, {}))).captions
+    assert [c.text for c in captions] == ["one", "two", "three"]
