@@ -98,7 +98,9 @@ def test_subtitle_times_never_go_backwards_and_parse():
 
     segments = [_segment(0.0, 2.0, " one"), _segment(1.5, 3.0, " two"), _segment(3.0, 3.0, " three")]
     spans = monotonic_spans(segments)
-    assert [s[0] for s in spans] == [0.0, 2.0, 3.0] and all(a[1] <= b[0] for a, b in zip(spans, spans[1:], strict=False))
+    assert [s[0] for s in spans] == [0.0, 2.0, 3.0] and all(
+        a[1] <= b[0] for a, b in zip(spans, spans[1:], strict=False)
+    )
     parsed = list(srt.parse(to_srt(segments, {})))
     assert [p.content for p in parsed] == ["one", "two", "three"]
     assert all(a.end <= b.start for a, b in zip(parsed, parsed[1:], strict=False))

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from asyncspec.audio import load_audio
 from asyncspec.errors import InputError
-from asyncspec.run.compare import equality_check, methods_to_run, print_summary
+from asyncspec.run.compare import equality_check, methods_to_run, print_summary, save_traces
 from asyncspec.run.options import DecodingOptions, decode_config
 from asyncspec.transcription.longform import DEFAULT_TEMPERATURES, LongformOptions
 from asyncspec.transcription.outputs import parse_formats, write_outputs
@@ -26,7 +26,7 @@ def run(args) -> int:
     audio = [(path, load_audio(path)) for path in args.audio]  # every file validated before any decoding
     methods = methods_to_run(options.methods, options.compare)
     output_dir = Path(args.output_dir) if args.output_dir else None
-    plan = _Run(methods, options.methods[0], longform, formats, output_dir)
+    plan = _Run(methods, options.methods[0], longform, formats, output_dir, options.trace)
     from asyncspec.transcription.api import Transcriber
 
     with Transcriber(
@@ -40,9 +40,11 @@ def run(args) -> int:
         drafter=options.drafter or "whisper-tiny.en",
     ) as transcriber:
         exactness = equality_check(transcriber.target, decode_config(options), options.compare)
-        records = []
+        records, decoded = [], []
         for path, samples in audio:
-            records += _transcribe_file(transcriber, path, samples, plan, exactness)
+            records += _transcribe_file(transcriber, path, samples, plan, exactness, decoded)
+    if plan.trace:
+        save_traces(plan.trace, decoded)
     return print_summary(records, exactness, args.json)
 
 
@@ -53,9 +55,10 @@ class _Run:
     longform: LongformOptions
     formats: list[str]
     output_dir: Path | None
+    trace: str | None  # save every chosen window decode's stage events here
 
 
-def _transcribe_file(transcriber, path: str, samples, run: _Run, exactness) -> list[dict]:
+def _transcribe_file(transcriber, path: str, samples, run: _Run, exactness, decoded: list) -> list[dict]:
     from asyncspec.run.longform import check_windows, stream_segments, window_records
 
     infos, kept = {}, {}
@@ -63,6 +66,7 @@ def _transcribe_file(transcriber, path: str, samples, run: _Run, exactness) -> l
         segments, info = transcriber.transcribe(samples, run.longform, method=method)
         kept[method] = stream_segments(segments, info, Path(path).name, echo=method == run.shown)
         infos[method] = info
+        decoded += [({"file": path, "window": w.index, "start_s": w.seek / 100}, w.chosen.result) for w in info.windows]
     if exactness is not None:
         for method in run.methods[1:]:
             check_windows(exactness, path, method, infos["target"], infos[method])
