@@ -40,7 +40,8 @@ def run(args) -> int:
         drafter=options.drafter or "whisper-tiny.en",
     ) as transcriber:
         exactness = equality_check(transcriber.target, decode_config(options), options.compare)
-        records, decoded = [], []
+        records: list[dict] = []
+        decoded: list = []
         for path, samples in audio:
             records += _transcribe_file(transcriber, path, samples, plan, exactness, decoded)
     if plan.trace:
