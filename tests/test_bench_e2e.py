@@ -9,7 +9,8 @@ import shutil
 import pytest
 
 from asyncspec.benchmarks import e2e
-from asyncspec.benchmarks.e2e import librivox_files, parse_systems
+from asyncspec.benchmarks.e2e import parse_systems
+from asyncspec.benchmarks.e2e_files import librivox_files
 from asyncspec.benchmarks.e2e_systems import faster_whisper_installed, vocabulary
 from asyncspec.benchmarks.e2e_whispercpp import available as whispercpp_installed
 from asyncspec.cli import EXIT_BAD_INPUT, main
@@ -32,11 +33,11 @@ def one_clip(tmp_path):
 
 @pytest.mark.real
 def test_bench_e2e_times_every_system_and_checks_as2d(one_clip, tmp_path, capsys):
-    systems = ["target", "as2d"] + (["faster-whisper-int8"] if faster_whisper_installed() else [])
+    systems = ["target", "as2d"] + (["faster-whisper-int8-greedy"] if faster_whisper_installed() else [])
     systems += ["whisper-cpp"] if whispercpp_installed() else []
     out = tmp_path / "out"
     argv = ["bench", "e2e", "--audio", str(one_clip), "--out", str(out), "--systems", ",".join(systems)]
-    assert main([*argv, "--threads", "1"]) == 0
+    assert main([*argv, "--threads", "1"]) == 0  # cold runs included: each system in a fresh process
     report = json.loads((out / "bench_e2e.json").read_text())
     assert list(report["systems"]) == systems
     for name, row in report["systems"].items():
@@ -48,8 +49,12 @@ def test_bench_e2e_times_every_system_and_checks_as2d(one_clip, tmp_path, capsys
     target, as2d = report["systems"]["target"]["files"][0], report["systems"]["as2d"]["files"][0]
     assert as2d["token_ids"] == target["token_ids"] and as2d["text"] == target["text"]
     assert report["systems"]["as2d"]["settings"]["method"] == "as2d"
-    if "faster-whisper-int8" in systems:  # CTranslate2 names the int8 type it runs
-        assert report["systems"]["faster-whisper-int8"]["settings"]["compute_type"].startswith("int8")
+    if "faster-whisper-int8-greedy" in systems:  # CTranslate2 names the int8 type it runs
+        assert report["systems"]["faster-whisper-int8-greedy"]["settings"]["compute_type"].startswith("int8")
+    for name, row in report["systems"].items():  # the cold run: a fresh process, load included, same text
+        assert row["cold"]["returncode"] == 0 and row["cold"]["wall_s"] > row["total_s"], name
+        assert row["cold"]["texts"] == [row["files"][0]["text"]] or name == "whisper-cpp", name
+        assert row["files"][0]["recall"] >= 0.8, name
     if "whisper-cpp" in systems:  # its own segments, with the CLI's beam search
         assert report["systems"]["whisper-cpp"]["files"][0]["segments"]
         assert report["systems"]["whisper-cpp"]["settings"]["beam_search"]["beam_size"] == 5
@@ -58,7 +63,7 @@ def test_bench_e2e_times_every_system_and_checks_as2d(one_clip, tmp_path, capsys
     assert report["device"]["cpu_flags"] and len(report["device"]["load_average_before"]) == 3
     assert isinstance(report["device"]["isa_environment"], dict)
     assert (out / "bench_e2e.png").stat().st_size > 10_000
-    assert "× fw-int8" in capsys.readouterr().out
+    assert "cold ×" in capsys.readouterr().out
 
 
 def test_bench_e2e_refuses_bad_input_before_loading_models(tmp_path):

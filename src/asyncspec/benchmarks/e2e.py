@@ -12,11 +12,11 @@ import os
 import sys
 import time
 from contextlib import ExitStack
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from asyncspec.audio import SAMPLE_RATE
+from asyncspec.benchmarks.e2e_files import FILE_SETS, BenchFile, bench_files
 from asyncspec.benchmarks.e2e_report import cpu_flags, isa_environment, plot, ratio_table
 from asyncspec.benchmarks.e2e_systems import (
     FASTER_WHISPER_HINT,
@@ -27,7 +27,7 @@ from asyncspec.benchmarks.e2e_systems import (
 from asyncspec.benchmarks.e2e_whispercpp import PYWHISPERCPP_HINT, WhisperCppSystem
 from asyncspec.benchmarks.e2e_whispercpp import available as whispercpp_installed
 from asyncspec.errors import InputError
-from asyncspec.text_metrics import word_errors
+from asyncspec.text_metrics import word_errors, word_recall
 
 if TYPE_CHECKING:  # the check imports torch: not while the command line is only being parsed
     from asyncspec.exactness import ExactnessCheck
@@ -45,23 +45,14 @@ FASTER_WHISPER = {
 # whisper.cpp runs as its CLI does (beam 5, its own long-form segments): see e2e_whispercpp.
 WHISPER_CPP = "whisper-cpp"
 SYSTEMS = ASYNCSPEC_SYSTEMS + tuple(FASTER_WHISPER) + (WHISPER_CPP,)
-DEFAULT_SYSTEMS = ("target", "as2d", "faster-whisper-int8", "faster-whisper-float32")
-AUDIO_SUFFIXES = {".wav", ".flac", ".ogg", ".mp3"}
-
-
-@dataclass(frozen=True)
-class BenchFile:
-    path: Path
-    audio_s: float
-    transcript: str | None  # None: no reference, no WER for this file
+DEFAULT_SYSTEMS = ("target", "as2d", "faster-whisper-int8-greedy", "faster-whisper-int8-default", WHISPER_CPP)
 
 
 def add_arguments(parser) -> None:
     parser.add_argument(
         "--audio",
         metavar="DIR",
-        help="audio files (a <name>.txt beside one is its transcript; default: LibriVox "
-        "clips and 10-25 s windows joined from them)",
+        help="audio files (a <name>.txt beside one is its transcript; default: --set)",
     )
     parser.add_argument("--out", default="out", help="folder for bench_e2e.json, bench_e2e.png (and joined audio)")
     parser.add_argument("--systems", default=",".join(DEFAULT_SYSTEMS), help=f"comma list of: {', '.join(SYSTEMS)}")
@@ -73,17 +64,19 @@ def add_arguments(parser) -> None:
         help="interleaved: file by file, systems in rotating order (fair under load); streams: system by system",
     )
     parser.add_argument(
-        "--runahead",
+        "--set", default="longform", choices=FILE_SETS, help="built-in files: long-form recordings, or short clips"
+    )
+    parser.add_argument(
+        "--cold",
         default=True,
         action=argparse.BooleanOptionalAction,
-        help="streams: queue the next file's windows on As²d's producer while this one decodes",
+        help="also time each system in a fresh process over all files (load and imports included)",
     )
     parser.add_argument("--model", default="whisper-base", help="the Whisper weights every system runs")
     parser.add_argument("--dtype", default="bf16", choices=["bf16", "fp32"], help="asyncspec target dtype")
     parser.add_argument(
         "--encoder", default="auto", choices=["auto", "fp32", "bf16"], help="asyncspec encoder (auto: measured)"
     )
-    parser.add_argument("--producer", default=None, choices=["ct2-chunk", "autoregressive"], help="as2d producer")
     parser.add_argument("--producer-model", default="whisper-tiny.en", help="as2d: the producer's recogniser")
     parser.add_argument("--chunk-s", type=float, default=None, help="as2d: seconds per chunk (default: deployed)")
     parser.add_argument("--budget", type=int, default=None, help="as2d: proposals per round (default: deployed)")
@@ -98,7 +91,7 @@ def run(args) -> int:
     if args.threads < 1 or (args.budget is not None and args.budget < 1):
         raise InputError(f"--threads and --budget must be at least 1, got {args.threads} and {args.budget}")
     out = Path(args.out)
-    files = bench_files(args.audio, out)
+    files = bench_files(args.audio, args.set, out)
     # Before any model loads: the producer process's start sets OMP_NUM_THREADS for itself.
     before = {"isa_environment": isa_environment(), "load_average_before": os.getloadavg()}
     with ExitStack() as stack:
@@ -106,6 +99,11 @@ def run(args) -> int:
         results = measure(systems, files, interleaved=args.order == "interleaved")
         check = exactness_check(systems, results, files)
         report = build_report(args, files, systems, results, check, before)
+    if args.cold:  # after every warm model is closed: the fresh processes have the machine to themselves
+        from asyncspec.benchmarks.e2e_cold import cold_walls
+
+        for name, cold in cold_walls(names, [f.path for f in files], args.model, args.threads).items():
+            report["systems"][name]["cold"] = cold
     out.mkdir(parents=True, exist_ok=True)
     (out / "bench_e2e.json").write_text(json.dumps(report, indent=1))
     plot(report, out / "bench_e2e.png")
@@ -131,53 +129,12 @@ def parse_systems(text: str) -> list[str]:
     return list(dict.fromkeys(names))
 
 
-def bench_files(audio_dir: str | None, out: Path) -> list[BenchFile]:
-    return directory_files(Path(audio_dir)) if audio_dir else librivox_files(out / "audio")
-
-
-def directory_files(directory: Path) -> list[BenchFile]:
-    """Every audio file under `directory`, each read and validated before any model loads (a bad
-    file is an input error, never a crash halfway through the run)."""
-    from asyncspec.audio import load_audio
-
-    if not directory.is_dir():
-        raise InputError(f"{directory}: no such directory")
-    paths = sorted(p for p in directory.rglob("*") if p.suffix.lower() in AUDIO_SUFFIXES)
-    if not paths:
-        raise InputError(f"{directory}: no audio files ({', '.join(sorted(AUDIO_SUFFIXES))})")
-    return [BenchFile(p, len(load_audio(p)) / SAMPLE_RATE, _transcript_beside(p)) for p in paths]
-
-
-def _transcript_beside(path: Path) -> str | None:
-    text = path.with_suffix(".txt")
-    return text.read_text().strip() if text.is_file() else None
-
-
-def librivox_files(folder: Path) -> list[BenchFile]:
-    """The five clips as they ship, then the joined 10-25 s windows written as WAV files, so every
-    system reads a file (the joined transcript is the clips' transcripts in the same order)."""
-    import soundfile
-
-    from asyncspec.data.librivox import librivox_clips
-    from asyncspec.data.windows import librivox_windows
-
-    clips = librivox_clips()
-    files = [BenchFile(c.path, soundfile.info(str(c.path)).duration, c.transcript) for c in clips]
-    folder.mkdir(parents=True, exist_ok=True)
-    for dataset, order, samples in librivox_windows():
-        path = folder / f"{dataset}_{order}.wav"
-        soundfile.write(str(path), samples, SAMPLE_RATE, subtype="PCM_16")
-        transcript = " ".join(clips[int(i)].transcript for i in order.split("+"))
-        files.append(BenchFile(path, len(samples) / SAMPLE_RATE, transcript))
-    return files
-
-
 def load_systems(args, names: list[str], stack: ExitStack) -> dict:
     """Every system loaded before any file is timed; each one's load time kept apart. Target-only
     and As²d share the target (As²d's load adds its producer process's start)."""
     systems = {}
     if any(name in ASYNCSPEC_SYSTEMS for name in names):
-        systems.update(_asyncspec_systems(args, names))
+        systems.update(_asyncspec_systems(args, names, stack))
     for name in names:
         if name in FASTER_WHISPER:
             compute_type, preset = FASTER_WHISPER[name]
@@ -189,34 +146,32 @@ def load_systems(args, names: list[str], stack: ExitStack) -> dict:
     return {name: systems[name] for name in names}
 
 
-def _asyncspec_systems(args, names: list[str]) -> dict:
+def _asyncspec_systems(args, names: list[str], stack: ExitStack) -> dict:
     import torch
 
-    from asyncspec.decoding.result import DecodeConfig
-    from asyncspec.models.hf_whisper import WhisperBackend
-    from asyncspec.models.registry import load_decoder
-    from asyncspec.profiling.deployed import deployed_as2d
-    from asyncspec.transcription.loading import make_producer
+    from asyncspec.transcription.api import Transcriber
 
     # asyncspec's share of the cores: its decoder runs on one thread (its small per-token ops
     # only slow down on two), the producer process on another; the encoder takes the threads its
     # measured placement chose.
     torch.set_num_threads(1)
     started = time.perf_counter()
-    target = load_decoder(args.model, args.dtype, encoder=args.encoder)
-    target_load_s = time.perf_counter() - started
-    if not isinstance(target, WhisperBackend):
-        raise InputError(f"{args.model} is not a Whisper model")
-    print(f"asyncspec target {args.model} {args.dtype}: {target.encoder_placement.summary()}", flush=True)
-    as2d = deployed_as2d(args.producer, args.chunk_s, args.budget)  # unset options: the deployed configuration
-    config = DecodeConfig(budget=args.budget, method_budgets=(("as2d", as2d.budget),) if as2d.budget else ())
-    systems = {"target": AsyncspecSystem("target", target, None, config, target_load_s)}
-    if "as2d" in names:
-        started = time.perf_counter()
-        producer = make_producer(as2d.producer, as2d.chunk_s, args.producer_model, args.dtype, target)
-        load_s = target_load_s + time.perf_counter() - started
-        systems["as2d"] = AsyncspecSystem("as2d", target, producer, config, load_s, runahead=args.runahead)
-    return systems
+    methods = ("as2d", "target") if "as2d" in names else ("target",)
+    transcriber = Transcriber(
+        args.model,
+        methods,
+        dtype=args.dtype,
+        encoder=args.encoder,
+        producer_model=args.producer_model,
+        chunk_s=args.chunk_s,
+        budget=args.budget,
+    )
+    stack.callback(transcriber.close)
+    if transcriber.producer is not None:
+        transcriber.producer.ready()
+    load_s = time.perf_counter() - started
+    print(f"asyncspec target {args.model} {args.dtype}: {transcriber.target.encoder_placement.summary()}", flush=True)
+    return {method: AsyncspecSystem(method, transcriber, load_s) for method in methods}
 
 
 def measure(systems: dict, files: list[BenchFile], interleaved: bool = True) -> dict[str, list]:
@@ -257,15 +212,15 @@ def _timed_stream(name: str, system, files: list[BenchFile]) -> list:
 
 
 def exactness_check(systems: dict, results: dict[str, list], files: list[BenchFile]) -> ExactnessCheck | None:
-    """Every As²d window's tokens against target-only's on the same window (None without As²d)."""
+    """Every As²d window (seek, prompt, tokens) against target-only's (None without As²d)."""
     from asyncspec.exactness import ExactnessCheck
+    from asyncspec.run.longform import check_windows
 
     if "as2d" not in results:
         return None
-    check = ExactnessCheck(systems["target"].target)
+    check = ExactnessCheck(systems["target"].transcriber.target)
     for bench_file, (_, expected), (_, got) in zip(files, results["target"], results["as2d"], strict=True):
-        for index, ((request, reference), (_, tokens)) in enumerate(zip(expected.windows, got.windows, strict=True)):
-            check.check(f"{bench_file.path.name} window {index}", "as2d", request, reference, tokens)
+        check_windows(check, str(bench_file.path), "as2d", expected.info, got.info)
     return check
 
 
@@ -289,7 +244,7 @@ def build_report(args, files, systems, results, check, before: dict) -> dict:
 def _encoder_placement(systems: dict) -> dict | None:
     """The asyncspec target's encoder dtype and threads (and the timings that chose them)."""
     target = systems.get("target")
-    return asdict(target.target.encoder_placement) if target is not None else None
+    return asdict(target.transcriber.target.encoder_placement) if target is not None else None
 
 
 def system_summary(system, measured: list, files: list[BenchFile]) -> dict:
@@ -301,10 +256,11 @@ def system_summary(system, measured: list, files: list[BenchFile]) -> dict:
         "load_s": round(system.load_s, 4),
         "warmup_s": round(system.warmup_s, 4),
         "wer": round(sum(r["errors"] for r in scored) / words, 4) if words else None,
+        "recall_min": min((r["recall"] for r in scored), default=None),
         "files": records,
         "settings": system.settings(),
     }
-    if any(transcript.windows for _, transcript in measured):  # asyncspec's stage split
+    if any(transcript.info is not None for _, transcript in measured):  # asyncspec's stage split
         summary["prefill_s"] = round(sum(t.prefill_s for _, t in measured), 4)
         summary["decode_s"] = round(sum(t.decode_s for _, t in measured), 4)
     return summary
@@ -315,8 +271,10 @@ def _file_record(bench_file: BenchFile, seconds: float, transcript) -> dict:
     record["text"] = transcript.text
     if transcript.segments:
         record["segments"] = [[round(start, 2), round(end, 2), text] for start, end, text in transcript.segments]
-    if transcript.windows:
-        record["token_ids"] = [tokens for _, tokens in transcript.windows]
+    if transcript.info is not None:
+        record["token_ids"] = [w.chosen.result.tokens for w in transcript.info.windows]
+        record["fallbacks"], record["skipped"] = transcript.info.stats.fallbacks, transcript.info.stats.skipped
     if bench_file.transcript is not None:
         record["errors"], record["words"] = word_errors(bench_file.transcript, transcript.text)
+        record["recall"] = round(word_recall(bench_file.transcript, transcript.text), 4)
     return record

@@ -176,3 +176,27 @@ def _segment(value) -> Segment:
         return Segment(float(value["start"]), float(value["end"]), str(value["text"]).strip())
     start, end, text = value[:3]
     return Segment(float(start), float(end), str(text).strip())
+
+
+def cold_walls(names: Sequence[str], files: Sequence[Path], model: str, threads: int) -> dict[str, dict]:
+    """Each system once over all files in a fresh process, one after another: its wall, exit code
+    and texts. asyncspec's systems run `asyncspec transcribe`; faster-whisper and whisper.cpp their
+    own entries (e2e.FASTER_WHISPER names encode compute type and preset)."""
+    runs: dict[str, dict] = {}
+    for name in names:
+        print(f"cold: {name} over {len(files)} files in a fresh process", file=sys.stderr, flush=True)
+        if name in ("target", "as2d"):
+            runs[name] = cold_asyncspec(files, name).record()
+        elif name.startswith("faster-whisper-"):
+            compute, _, preset = name.removeprefix("faster-whisper-").partition("-")
+            runs[name] = cold_faster_whisper(files, model, compute, preset or "stripped", threads).record()
+        elif name == "whisper-cpp":
+            runs[name] = _cold_whisper_cpp(files, model, threads)
+    return runs
+
+
+def _cold_whisper_cpp(files: Sequence[Path], model: str, threads: int) -> dict:
+    from asyncspec.benchmarks.e2e_whispercpp import _model_file, cold_run
+
+    result = cold_run(_model_file(model), list(files), threads)
+    return {"wall_s": round(result["wall_s"], 4), "returncode": 0, "texts": [f["text"] for f in result["files"]]}

@@ -19,7 +19,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from asyncspec.errors import InputError
 from asyncspec.models.offline import REGISTRY, assemble_source, cache_root, package_file, prepare
@@ -68,13 +68,13 @@ class Segment(NamedTuple):
 
 @dataclass
 class Transcript:
-    """One file's output. asyncspec's systems also give (request, token ids) per 30 s window, for
-    the exactness check, and their seconds in prefill (features, encoder, prompt) and decode;
-    faster-whisper's give its segments."""
+    """One file's output and its segments. asyncspec's systems also give the transcription's info
+    (every window's request and tokens, for the exactness check) and their seconds in prefill
+    (features, encoder, prompt) and decode."""
 
     text: str
-    windows: list = field(default_factory=list)
     segments: list[Segment] = field(default_factory=list)
+    info: Any = None
     prefill_s: float = 0.0
     decode_s: float = 0.0
 
@@ -98,58 +98,36 @@ class StreamingSystem:
 
 
 class AsyncspecSystem(StreamingSystem):
-    """One decoding method over `asyncspec transcribe`'s path: read the file, split it into 30 s
-    windows, one request per window (encoder, prefill, decode), the tokens as text."""
+    """One decoding method through the library API (`asyncspec.Transcriber`), the path `asyncspec
+    transcribe` takes: Whisper's long-form algorithm over the whole file. The transcriber (target,
+    producer) is shared by target-only and As²d and closed by the benchmark."""
 
-    def __init__(self, method: str, target, drafter, config, load_s: float, runahead: bool = True):
-        self.method, self.target, self.drafter, self.config, self.load_s = method, target, drafter, config, load_s
-        self.runahead = runahead and drafter is not None
+    def __init__(self, method: str, transcriber, load_s: float):
+        self.method, self.transcriber, self.load_s = method, transcriber, load_s
 
     def settings(self) -> dict:
-        producer = self.drafter.spec if self.drafter is not None else None
-        from asyncspec.decoding.as2d import DEFAULT_BUDGET
+        from dataclasses import asdict
 
-        budget = self.config.budget_for("as2d", DEFAULT_BUDGET)
-        as2d = {"producer": producer.kind, "chunk_s": producer.chunk_s, "budget": budget} if producer else {}
-        as2d |= {"producer_runahead": self.runahead} if producer else {}
-        return {"method": self.method, "dtype": str(self.target.dtype).removeprefix("torch.")} | as2d
+        from asyncspec.decoding.as2d import DEFAULT_BUDGET
+        from asyncspec.transcription.longform import LongformOptions
+
+        target = self.transcriber.target
+        settings: dict[str, Any] = {"method": self.method, "dtype": str(target.dtype).removeprefix("torch.")}
+        settings["longform"] = asdict(LongformOptions())
+        if self.method == "as2d":
+            producer = self.transcriber.producer.spec
+            budget = self.transcriber.budget or self.transcriber.as2d_budget or DEFAULT_BUDGET
+            settings |= {"producer": producer.kind, "chunk_s": producer.chunk_s, "budget": budget}
+        return settings
 
     def transcribe(self, path: Path) -> Transcript:
-        return self._decode(self._requests(path))
-
-    def transcribe_files(self, paths: list[Path]) -> Iterator[Transcript]:
-        """As a stream, As²d's requests arrive one file ahead: the next file is read while this one
-        is decoded and its windows are queued on the producer, which drafts on into them as soon as
-        it is done with this file's audio (it reads only audio, so no output changes)."""
-        upcoming = self._requests(paths[0]) if paths else []
-        for index in range(len(paths)):
-            requests = upcoming
-            upcoming = self._requests(paths[index + 1]) if index + 1 < len(paths) else []
-            if self.runahead:
-                self.drafter.arrive([request.audio for request in requests + upcoming])
-            yield self._decode(requests)
-
-    def _requests(self, path: Path) -> list:
-        from asyncspec.run.windows import file_windows
-
-        return [self.target.request(window.samples) for _, window in file_windows([str(path)])]
-
-    def _decode(self, requests: list) -> Transcript:
-        from asyncspec.decoding.methods import METHODS
-
-        transcript = Transcript("")
-        for request in requests:
-            result = METHODS[self.method](self.target, self.drafter, request, self.config)
-            transcript.windows.append((request, result.tokens))
-            transcript.prefill_s += result.stats.prefill_s
-            transcript.decode_s += result.stats.decode_s
-        texts = (self.target.tokenizer.decode(tokens).strip() for _, tokens in transcript.windows)
-        transcript.text = " ".join(texts).strip()
-        return transcript
+        segments, info = self.transcriber.transcribe(path, method=self.method)
+        spans = [Segment(s.start, s.end, s.text.strip()) for s in segments]
+        text = " ".join(span.text for span in spans).strip()
+        return Transcript(text, segments=spans, info=info, prefill_s=info.stats.prefill_s, decode_s=info.stats.decode_s)
 
     def close(self) -> None:
-        if self.drafter is not None:
-            self.drafter.close()
+        pass  # the shared transcriber is closed once, by the benchmark
 
 
 class FasterWhisperSystem(StreamingSystem):

@@ -1,0 +1,73 @@
+"""The files `asyncspec bench e2e` transcribes: a folder of the user's, the long-form set (the
+default) or the short LibriVox files (the clips and 10-25 s windows joined from them)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from asyncspec.audio import SAMPLE_RATE
+from asyncspec.errors import InputError
+
+AUDIO_SUFFIXES = {".wav", ".flac", ".ogg", ".mp3"}
+FILE_SETS = ("longform", "short")
+
+
+@dataclass(frozen=True)
+class BenchFile:
+    path: Path
+    audio_s: float
+    transcript: str | None  # None: no reference, no WER for this file
+
+
+def bench_files(audio_dir: str | None, file_set: str, out: Path) -> list[BenchFile]:
+    """--audio DIR, else the built-in set: the long-form recordings, or the short LibriVox files."""
+    if audio_dir:
+        return directory_files(Path(audio_dir))
+    return longform_files(out / "longform") if file_set == "longform" else librivox_files(out / "audio")
+
+
+def longform_files(folder: Path) -> list[BenchFile]:
+    """The long-form set (data/longform_set.py): 2-3 minute recordings, several voices, pauses."""
+    import soundfile
+
+    from asyncspec.data.longform_set import longform_files as built
+
+    return [BenchFile(path, soundfile.info(str(path)).duration, text) for path, text in built(folder)]
+
+
+def directory_files(directory: Path) -> list[BenchFile]:
+    """Every audio file under `directory`, each read and validated before any model loads (a bad
+    file is an input error, never a crash halfway through the run)."""
+    from asyncspec.audio import load_audio
+
+    if not directory.is_dir():
+        raise InputError(f"{directory}: no such directory")
+    paths = sorted(p for p in directory.rglob("*") if p.suffix.lower() in AUDIO_SUFFIXES)
+    if not paths:
+        raise InputError(f"{directory}: no audio files ({', '.join(sorted(AUDIO_SUFFIXES))})")
+    return [BenchFile(p, len(load_audio(p)) / SAMPLE_RATE, _transcript_beside(p)) for p in paths]
+
+
+def _transcript_beside(path: Path) -> str | None:
+    text = path.with_suffix(".txt")
+    return text.read_text().strip() if text.is_file() else None
+
+
+def librivox_files(folder: Path) -> list[BenchFile]:
+    """The five clips as they ship, then the joined 10-25 s windows written as WAV files, so every
+    system reads a file (the joined transcript is the clips' transcripts in the same order)."""
+    import soundfile
+
+    from asyncspec.data.librivox import librivox_clips
+    from asyncspec.data.windows import librivox_windows
+
+    clips = librivox_clips()
+    files = [BenchFile(c.path, soundfile.info(str(c.path)).duration, c.transcript) for c in clips]
+    folder.mkdir(parents=True, exist_ok=True)
+    for dataset, order, samples in librivox_windows():
+        path = folder / f"{dataset}_{order}.wav"
+        soundfile.write(str(path), samples, SAMPLE_RATE, subtype="PCM_16")
+        transcript = " ".join(clips[int(i)].transcript for i in order.split("+"))
+        files.append(BenchFile(path, len(samples) / SAMPLE_RATE, transcript))
+    return files
