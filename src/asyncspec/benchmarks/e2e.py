@@ -16,6 +16,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from asyncspec.audio import SAMPLE_RATE
 from asyncspec.benchmarks.e2e_files import FILE_SETS, BenchFile, bench_files
 from asyncspec.benchmarks.e2e_report import cpu_flags, isa_environment, plot, ratio_table
 from asyncspec.benchmarks.e2e_systems import (
@@ -175,16 +176,17 @@ def _asyncspec_systems(args, names: list[str], stack: ExitStack) -> dict:
 
 
 def measure(systems: dict, files: list[BenchFile], interleaved: bool = True) -> dict[str, list]:
-    """(seconds, transcript) per system per file. Each system first transcribes the first file once
-    untimed: first-call allocations are start-up, like the load, and reported apart with it.
+    """(seconds, transcript) per system per file. Each system first transcribes the first 10 s of the
+    first file untimed: first-call allocations are start-up, like the load, and reported apart with it.
 
     Interleaved (the default): file by file, every system in turn, the order rotating per file, so
     a shared machine's drifting load falls on all systems alike. Streams: each system transcribes
     all files as one stream, one system after another; a file's seconds run from the previous
     file's text to its own, so a path that overlaps files would get the credit (a quiet machine)."""
+    warmup = _warmup_excerpt(files[0].path)
     for name, system in systems.items():
         started = time.perf_counter()
-        system.transcribe(files[0].path)
+        system.transcribe(warmup)
         system.warmup_s = time.perf_counter() - started
         print(f"{name}: loaded in {system.load_s:.2f} s, warm-up {system.warmup_s:.2f} s", flush=True)
     if not interleaved:
@@ -198,6 +200,17 @@ def measure(systems: dict, files: list[BenchFile], interleaved: bool = True) -> 
             results[name].append((time.perf_counter() - started, transcript))
             print(f"{bench_file.path.name} {name}: {results[name][-1][0]:.2f} s  {transcript.text}", flush=True)
     return {name: results[name] for name in systems}
+
+
+def _warmup_excerpt(path: Path, seconds: float = 10.0) -> Path:
+    """The first seconds of the first file, for every system's untimed first call."""
+    import soundfile
+
+    from asyncspec.audio import load_audio
+
+    excerpt = path.parent / f".warmup-{path.stem}.wav"
+    soundfile.write(str(excerpt), load_audio(path)[: int(seconds * SAMPLE_RATE)], SAMPLE_RATE, subtype="PCM_16")
+    return excerpt
 
 
 def _timed_stream(name: str, system, files: list[BenchFile]) -> list:

@@ -70,6 +70,9 @@ class WhisperBackend(KVBackend):
     def load(
         cls, source: str | Path, name: str, dtype: torch.dtype, engine: str = FIXED_SHAPE, encoder: str = "auto"
     ) -> WhisperBackend:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()  # a local load of ~1 s: a progress bar is only noise on stderr
         model = WhisperForConditionalGeneration.from_pretrained(str(source), dtype=dtype)
         tokenizer_file = Path(source) / "tokenizer.json"
         if tokenizer_file.exists():
