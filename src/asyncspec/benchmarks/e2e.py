@@ -108,6 +108,7 @@ def run(args) -> int:
     out.mkdir(parents=True, exist_ok=True)
     (out / "bench_e2e.json").write_text(json.dumps(report, indent=1))
     plot(report, out / "bench_e2e.png")
+
     print(ratio_table(report))
     print(f"wrote {out / 'bench_e2e.json'}, {out / 'bench_e2e.png'}")
     return check.report() if check is not None else 0
