@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import sys
 from itertools import zip_longest
-from pathlib import Path
 from typing import Any
 
 from asyncspec.exactness import ExactnessCheck
@@ -48,6 +47,8 @@ def window_records(path: str, infos: dict[str, TranscriptionInfo], target, compa
             if reference is not None and method != REFERENCE and index < len(reference.windows):
                 results = [reference.windows[index].chosen.result, outcome.chosen.result]
             record = comparison_records(results, target, compared and reference is not None, **context)[-1]
+            if reference is not None and method != REFERENCE and index < len(reference.windows):
+                record["equal_to_target"] = windows_equal(reference.windows[index], outcome)
             record |= {
                 "method": method,
                 "temperature": outcome.chosen.temperature,
@@ -62,16 +63,33 @@ def window_records(path: str, infos: dict[str, TranscriptionInfo], target, compa
 
 
 def check_windows(check: ExactnessCheck, path: str, method: str, reference: TranscriptionInfo, info: TranscriptionInfo):
-    """Every window of `method` against target-only's: the same seek, prompt and tokens. After the
+    """Every window of `method` against target-only's: the same seek and prompt, and every decode
+    tried there (a greedy attempt that fell back is compared too, not only the one kept). After the
     first difference the windows no longer decode the same audio, so the rest is one mismatch."""
     for index, (expected, got) in enumerate(zip_longest(reference.windows, info.windows)):
-        where = f"{Path(path).name} window {index}"
+        where = f"{path} window {index}"
         if expected is None or got is None:
             present = expected or got
             tokens = present.chosen.result.tokens
             check.check(where, method, present.chosen.request, tokens if got is None else [], tokens if got else [])
             return
-        same_window = (expected.seek, expected.chosen.request.prompt_ids) == (got.seek, got.chosen.request.prompt_ids)
-        got_tokens = got.chosen.result.tokens if same_window else [-1]
-        if not check.check(where, method, expected.chosen.request, expected.chosen.result.tokens, got_tokens):
+        if not _same_window(check, where, method, expected, got):
             return
+
+
+def _same_window(check: ExactnessCheck, where: str, method: str, expected, got) -> bool:
+    same_input = (expected.seek, expected.chosen.request.prompt_ids) == (got.seek, got.chosen.request.prompt_ids)
+    for attempt, (want, have) in enumerate(zip_longest(expected.attempts, got.attempts)):
+        reference = want or expected.attempts[-1]
+        tokens = have.result.tokens if have is not None and same_input else [-1]
+        label = where if attempt == 0 else f"{where} (fallback attempt {attempt}, T={reference.temperature:g})"
+        if not check.check(label, method, reference.request, reference.result.tokens if want else [], tokens):
+            return False
+    return True
+
+
+def windows_equal(expected, got) -> bool:
+    """The same window decoded the same way: seek, prompt and every attempt's tokens."""
+    same_input = (expected.seek, expected.chosen.request.prompt_ids) == (got.seek, got.chosen.request.prompt_ids)
+    attempts = [a.result.tokens for a in expected.attempts] == [a.result.tokens for a in got.attempts]
+    return same_input and attempts
