@@ -99,6 +99,23 @@ def add_http_auth_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_connection_options(parser: argparse.ArgumentParser, prefix: str, body_timeout_s: float = 60.0) -> None:
+    """The connection guard's deadlines and caps (connguard.py), for both HTTP services."""
+    parser.add_argument(f"{prefix}header-timeout", type=float, default=10.0, help="seconds for a request head (408)")
+    parser.add_argument(f"{prefix}body-timeout", type=float, default=body_timeout_s, help="seconds for a body (408)")
+    parser.add_argument(f"{prefix}max-per-address", type=int, default=32, help="open connections per client address")
+
+
+def connection_limits(args, prefix: str):
+    from asyncspec.connguard import ConnectionLimits
+
+    head, body = getattr(args, f"{prefix}header_timeout"), getattr(args, f"{prefix}body_timeout")
+    per_address = getattr(args, f"{prefix}max_per_address")
+    if head <= 0 or body <= 0 or per_address < 1:
+        raise InputError("the HTTP header and body timeouts must be positive and the per-address cap at least 1")
+    return ConnectionLimits(head_timeout_s=head, body_timeout_s=body, per_address=per_address)
+
+
 def _http_options(parser: argparse.ArgumentParser) -> None:
     from asyncspec.httpguard import DEFAULT_MAX_BODY_BYTES
 
@@ -106,7 +123,8 @@ def _http_options(parser: argparse.ArgumentParser) -> None:
         "--api-key-file", metavar="FILE", help="require `Authorization: Bearer KEY` (env ASYNCSPEC_API_KEY too)"
     )
     parser.add_argument("--http-max-body", type=int, default=DEFAULT_MAX_BODY_BYTES, help="request body bytes")
-    parser.add_argument("--http-max-connections", type=int, default=64, help="concurrent HTTP connections")
+    parser.add_argument("--http-max-connections", type=int, default=64, help="concurrent HTTP requests (503 beyond)")
+    add_connection_options(parser, "--http-")
     add_http_auth_options(parser)
 
 
@@ -217,15 +235,12 @@ def _bind_http(args):
 
 
 def _http_server(gateway, drafter, args, listening, guard):
-    import uvicorn
-
     from asyncspec.cloudedge.http import ChatFormatter, make_app
-    from asyncspec.httpguard import uvicorn_limits
+    from asyncspec.httpserve import GuardedServer
 
     app = make_app(gateway, drafter.tokenizer, args.model, ChatFormatter(_hf_tokenizer(args.model)), guard)
-    config = uvicorn.Config(app, log_level="warning", **uvicorn_limits(args.http_max_connections))
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [listening]}, daemon=True)
+    server = GuardedServer(app, listening, args.http_max_connections, connection_limits(args, "http_"))
+    thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     return server, thread
 
