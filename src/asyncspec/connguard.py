@@ -139,6 +139,8 @@ class ConnectionGuard:
             await self._serve(reader, writer)
         except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError):
             pass  # the client went away or stalled mid-way: nothing to answer
+        except asyncio.CancelledError:
+            pass  # the server is stopping; Python 3.11's stream callback would log a cancelled task
         finally:
             self.open[key] -= 1
             if not self.open[key]:
