@@ -27,7 +27,6 @@ class GuardedServer:
         # uvicorn now sees only complete request heads, so its concurrency limit counts requests
         self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", **uvicorn_limits(max_requests)))
         self.guard = ConnectionGuard(self.path, limits or ConnectionLimits())
-        self.config = self.server.config
 
     @property
     def should_exit(self) -> bool:

@@ -314,7 +314,8 @@ def _edge_curve(args, client_keys):
 def _wait_started(server, thread: threading.Thread, stop) -> None:
     while not server.started and not stop():
         if not thread.is_alive():
-            raise InputError(f"the HTTP server did not start on {server.config.host}:{server.config.port}")
+            host, port = server.listening.getsockname()[:2]
+            raise InputError(f"the HTTP server did not start on {host}:{port}")
         threading.Event().wait(0.05)
 
 
