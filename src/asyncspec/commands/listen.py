@@ -78,6 +78,7 @@ def _bind_http(args):
 
     body = args.max_upload_bytes + FORM_OVERHEAD_BYTES
     guard = guard_config(args.host, args.api_key_file, body, args.allow_host, args.insecure_no_auth)
+    connection_limits(args, "")  # bad deadlines fail here, before any model loads
     return bind_listening_socket(args.host, args.port), guard
 
 

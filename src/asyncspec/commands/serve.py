@@ -235,6 +235,7 @@ def _bind_http(args):
     if not host or not port.isdigit():
         raise InputError(f"--http must be HOST:PORT, not {args.http!r}")
     guard = guard_config(host, args.api_key_file, args.http_max_body, tuple(args.allow_host), args.insecure_no_auth)
+    connection_limits(args, "http_")  # bad deadlines fail here, before any model loads
     return bind_listening_socket(host, int(port)), guard
 
 
