@@ -139,20 +139,20 @@ def test_a_foreign_host_header_is_refused_and_no_cors_headers_are_sent(live, pai
 
 
 def test_the_served_edge_refuses_oversized_headers(live, pair):
-    """Headers are capped (32 KiB, httpguard.Guard: h11's own cap misses headers that arrive at once)."""
+    """Headers are capped: 64 KiB at the connection guard (connguard.py) and 32 KiB in httpguard.Guard
+    (h11's own cap misses headers that arrive at once), as `serve edge --http` serves."""
     import socket
     import threading
     import time
 
-    import uvicorn
-
-    from asyncspec.httpguard import bind_listening_socket, uvicorn_limits
+    from asyncspec.httpguard import bind_listening_socket
+    from asyncspec.httpserve import GuardedServer
 
     listening = bind_listening_socket("127.0.0.1", 0)
     port = listening.getsockname()[1]
     app = make_app(live.gateway, pair[1].tokenizer, "tiny")
-    server = uvicorn.Server(uvicorn.Config(app, log_level="error", **uvicorn_limits(4)))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [listening]}, daemon=True)
+    server = GuardedServer(app, listening, 4)
+    thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     try:
         deadline = time.monotonic() + 20
@@ -166,6 +166,10 @@ def test_the_served_edge_refuses_oversized_headers(live, pair):
         with socket.create_connection(("127.0.0.1", port), timeout=10) as connection:
             connection.sendall(b"GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
             assert connection.recv(4096).startswith(b"HTTP/1.1 200")  # still serving
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as connection:
+            big = b"GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Filler: " + b"a" * (40 << 10) + b"\r\n\r\n"
+            connection.sendall(big)  # within the guard's cap, beyond the middleware's
+            assert connection.recv(4096).startswith(b"HTTP/1.1 431")
     finally:
         server.should_exit = True
         thread.join(10)

@@ -17,6 +17,7 @@ from asyncspec.cli import EXIT_BAD_INPUT, main
         (["listen", "--audio", "CLIP", "--max-queue", "0"], "--max-queue"),
         (["listen", "--audio", "CLIP", "--auto", "--reset-s", "2"], "--reset-s"),
         (["listen", "--audio", "CLIP", "--method", "nope"], "unknown method"),
+        (["listen", "--audio", "CLIP", "--header-timeout", "0"], "timeouts must be positive"),
         (["bench", "ondemand", "--every", "0"], "--every must be positive"),
     ],
 )

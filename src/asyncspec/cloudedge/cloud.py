@@ -46,7 +46,8 @@ class CloudVerifier:
         self.requests: dict[int, CloudRequest] = {}
         self.queue = BlockQueue(self.config.max_queue)
         self.replies = limits.ReplyCache(self.config.decision_cache, self.config.decision_cache_bytes)
-        self.quota = limits.RequestQuota(self.config.max_requests, self.config.max_requests_per_peer)
+        config = self.config
+        self.quota = limits.quota_for(target, config.max_requests, config.max_requests_per_peer, config.kv_budget_bytes)
         self.peers = limits.PeerLiveness(self.config.peer_dead_s)
         self.opening: dict[int, PendingOpen] = {}  # request -> its Open waiting for a prefill
         self.counters = CloudCounters()
@@ -68,7 +69,8 @@ class CloudVerifier:
         context = zmq.Context() if curve is not None and curve.authorized_dir else zmq.Context.instance()
         authenticator = start_authenticator(context, curve)
         socket = make_socket(context, zmq.ROUTER, address, True, self.config.max_message_bytes, curve)
-        self.channel = Channel(socket, self.traffic, self._invalid_frame, self._tracked)
+        caps = limits.cloud_frame_caps(self.target.max_length, self.target.vocab_size, self.config.max_block)
+        self.channel = Channel(socket, self.traffic, self._invalid_frame, self._tracked, caps)
         try:
             self._loop(should_stop, on_ready)
         finally:
@@ -120,8 +122,11 @@ class CloudVerifier:
                 self.counters.dead_peer_dropped += 1
 
     def _drain(self, poller: zmq.Poller, limit: int = 10_000) -> None:
+        """Reads what waits, but once blocks are queued for at most `drain_s`: a flood of frames
+        behind them delays their batch by that much, not by 10,000 frames' handling."""
+        deadline = time.monotonic() + self.config.drain_s
         for _ in range(limit):
-            if not poller.poll(0):
+            if not poller.poll(0) or (self.queue and time.monotonic() > deadline):
                 return
             received = self.channel.receive()
             if received is not None:
@@ -386,4 +391,6 @@ class CloudVerifier:
             "cloud": self.counters.as_dict(),
             "traffic": self.traffic.as_dict(),
             "open_requests": len(self.requests) + len(self.opening),
+            "kv_reserved_bytes": self.quota.kv_reserved,
+            "kv_budget_bytes": self.quota.kv_budget,
         }

@@ -26,6 +26,7 @@ class CloudConfig:
     decision_cache_bytes: int = limits.DEFAULT_REPLY_CACHE_BYTES  # ... and their bytes
     max_requests: int = limits.DEFAULT_MAX_REQUESTS  # open requests (KV caches) in total
     max_requests_per_peer: int = limits.DEFAULT_MAX_REQUESTS_PER_PEER
+    kv_budget_bytes: int | None = None  # KV the open requests may reserve (None: limits.default_kv_budget)
     max_message_bytes: int = limits.DEFAULT_MAX_MESSAGE_BYTES  # larger frames are dropped by ZeroMQ
     first_k_cap: int = 4096  # largest top-K accepted in an Open
     max_block: int = 64  # candidates per block: the verification width (fp32 logits [n + 1, V] per block)
@@ -34,6 +35,7 @@ class CloudConfig:
     # a heartbeat every 0.5 s, and after 60 s of silence it fails its own requests (EdgePolicy.give_up_s)
     peer_dead_s: float = 60.0
     poll_ms: int = 20
+    drain_s: float = 0.005  # with blocks queued, frames are read this long before their batch runs
 
 
 @dataclass

@@ -133,7 +133,7 @@ class EdgeGateway:
         events = dict(poller.poll(0 if self._can_draft() else 5))
         if self.channel.socket in events:
             self._drain_cloud()
-        if client is not None and client.socket in events:
+        if client is not None:  # every turn: it also sends what its tokenizing worker failed
             client.drain(self)
         self.liveness.check()
         self.liveness.retransmit()

@@ -1,9 +1,11 @@
 """Resource bounds of the cloud verifier: the reply cache capped in bytes (a "full" correction is
 4·|V| bytes, 600 KB for Qwen: a cache bounded by count alone could hold tens of GB), and open
-requests per peer and in total (each holds a KV cache)."""
+requests per peer, in total, and by the bytes of KV cache they reserve (a fixed-shape cache is
+~235 MB per Qwen 1.5B request: 1,024 requests by count alone would be ~240 GB)."""
 
 from __future__ import annotations
 
+import os
 import time
 from collections import Counter, OrderedDict
 from typing import Any
@@ -12,6 +14,7 @@ DEFAULT_MAX_MESSAGE_BYTES = 32 << 20  # one frame; a full-distribution uplink bl
 DEFAULT_REPLY_CACHE_BYTES = 64 << 20
 DEFAULT_MAX_REQUESTS = 1024  # open requests in total (KV caches held)
 DEFAULT_MAX_REQUESTS_PER_PEER = 512
+DEFAULT_KV_SHARE = 0.5  # of the memory the KV lives in (RAM, or the GPU's), when no budget is given
 
 
 class ReplyCache:
@@ -59,13 +62,71 @@ class ReplyCache:
             self.pop(key)
 
 
-class RequestQuota:
-    """Who owns which open request, and whether a peer may open one more."""
+def cloud_frame_caps(max_length: int, vocab_size: int, max_block: int) -> dict[int, int]:
+    """The largest frame of each type the cloud can use, checked before decoding: an Open carries at
+    most `max_length` token ids (5 bytes each at most), a Block `max_block` candidates with their q
+    and (full-distribution uplink) q_full; the others are a few numbers. Blocks also stay under
+    --max-message-bytes, which ZeroMQ enforces before the frame is even read."""
+    from asyncspec.cloudedge import protocol as wire
 
-    def __init__(self, max_total: int, max_per_peer: int):
+    small = 1024  # ids, positions, a digest, a kind: well under a kilobyte
+    caps = {code: small for code in wire.MESSAGES}
+    caps[wire.Open.code] = small + 5 * max_length
+    caps[wire.Block.code] = small + max_block * (5 + 4 + 4 * vocab_size)
+    return caps
+
+
+def request_kv_bytes(target) -> int:
+    """The bytes of KV one request reserves: a fixed-shape cache knows its size (it is allocated
+    whole, for every position); any other cache is sized from the model's shape at full length."""
+    cache = target.empty_state().cache
+    if callable(getattr(cache, "nbytes", None)):
+        return int(cache.nbytes())
+    config = target.model.config
+    heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    return 2 * config.num_hidden_layers * heads * head_dim * target.max_length * 4  # keys and values, fp32
+
+
+def kv_device(target):
+    cache = target.empty_state().cache
+    keys = getattr(cache, "keys", None)
+    return keys[0].device if isinstance(keys, list) and keys else next(target.model.parameters()).device
+
+
+def default_kv_budget(device) -> int:
+    """DEFAULT_KV_SHARE of the memory the KV lives in: the GPU's, or the machine's RAM."""
+    if getattr(device, "type", "cpu") == "cuda":
+        import torch
+
+        return int(DEFAULT_KV_SHARE * torch.cuda.get_device_properties(device).total_memory)
+    return int(DEFAULT_KV_SHARE * os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+
+
+def quota_for(target, max_total: int, max_per_peer: int, kv_budget: int | None) -> RequestQuota:
+    """The cloud's quota for `target`: `kv_budget` bytes of KV (None: default_kv_budget)."""
+    from asyncspec.errors import InputError
+
+    per_request = request_kv_bytes(target)
+    budget = default_kv_budget(kv_device(target)) if kv_budget is None else kv_budget
+    if budget < per_request:
+        raise InputError(f"the KV budget ({_mib(budget)}) is below one request's KV ({_mib(per_request)})")
+    return RequestQuota(max_total, max_per_peer, budget, per_request)
+
+
+class RequestQuota:
+    """Who owns which open request, and whether a peer may open one more: by count (in total, per
+    connection) and by the KV bytes the open requests reserve (`kv_budget` over `kv_per_request`)."""
+
+    def __init__(self, max_total: int, max_per_peer: int, kv_budget: int | None = None, kv_per_request: int = 0):
         self.max_total, self.max_per_peer = max_total, max_per_peer
+        self.kv_budget, self.kv_per_request = kv_budget, kv_per_request
         self.owner: dict[int, bytes] = {}
         self.per_peer: Counter = Counter()
+
+    @property
+    def kv_reserved(self) -> int:
+        return len(self.owner) * self.kv_per_request
 
     def refusal(self, peer: bytes, request: int) -> str | None:
         """Why `peer` may not open `request` (None: it may)."""
@@ -74,6 +135,11 @@ class RequestQuota:
             return None if owner == peer else "the request id belongs to another connection"
         if len(self.owner) >= self.max_total:
             return f"the cloud holds its limit of {self.max_total} open requests"
+        if self.kv_budget is not None and self.kv_reserved + self.kv_per_request > self.kv_budget:
+            return (
+                f"the cloud's KV memory budget is full: {len(self.owner)} open requests reserve "
+                f"{_mib(self.kv_reserved)} of {_mib(self.kv_budget)}, and one more needs {_mib(self.kv_per_request)}"
+            )
         if self.per_peer[peer] >= self.max_per_peer:
             return f"this connection holds its limit of {self.max_per_peer} open requests"
         return None
@@ -112,3 +178,7 @@ class PeerLiveness:
         for peer in gone:
             del self.last[peer]
         return gone
+
+
+def _mib(size: int) -> str:
+    return f"{size / (1 << 20):,.1f} MiB"

@@ -23,6 +23,9 @@ import msgpack
 import numpy as np
 import torch
 
+from asyncspec.cloudedge import framing
+from asyncspec.cloudedge.framing import unpack_bounded
+
 
 class ProtocolError(ValueError):
     """A frame that is not a valid message of this protocol. `message`: the decoded message when
@@ -340,7 +343,7 @@ def _is_default(spec, value) -> bool:
 
 def decode(frame: bytes) -> Message:
     try:
-        body = msgpack.unpackb(frame, raw=False, strict_map_key=True)
+        body = unpack_bounded(frame)
     except Exception as error:  # msgpack raises several types for garbage
         raise ProtocolError(f"not msgpack: {error}") from error
     if not isinstance(body, list) or not body or not _is_int(body[0]) or body[0] not in MESSAGES:
@@ -379,6 +382,9 @@ def _validate(message: Message) -> None:
     problem = message_problem(message)
     if problem:
         raise ProtocolError(f"{type(message).__name__}: {problem}", message)
+
+
+peek_code = framing.peek_code
 
 
 def request_of(message: Message) -> int | None:

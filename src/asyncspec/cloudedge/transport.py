@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 import zmq
 
-from asyncspec.cloudedge.protocol import Message, ProtocolError, decode, encode, request_of
+from asyncspec.cloudedge.protocol import Message, ProtocolError, decode, encode, peek_code, request_of
 
 HIGH_WATER_MARK = 10_000  # queued frames per socket before ZeroMQ applies back-pressure
 
@@ -21,6 +21,7 @@ class TrafficCounters:
     sent_messages: Counter = field(default_factory=Counter)
     received_messages: Counter = field(default_factory=Counter)
     malformed: int = 0  # frames dropped because they did not decode
+    oversized: int = 0  # ... of them, frames over their message type's byte cap (never decoded)
     per_request_sent: Counter = field(default_factory=Counter)  # request id -> bytes
     per_request_received: Counter = field(default_factory=Counter)
 
@@ -31,6 +32,7 @@ class TrafficCounters:
             "sent_messages": dict(self.sent_messages),
             "received_messages": dict(self.received_messages),
             "malformed": self.malformed,
+            "oversized": self.oversized,
             "sent_total": sum(self.sent_bytes.values()),
             "received_total": sum(self.received_bytes.values()),
         }
@@ -84,6 +86,7 @@ class Channel:
         counters: TrafficCounters | None = None,
         on_rejected: Rejected | None = None,
         tracked: Callable[[int, Message], bool] | None = None,
+        frame_caps: dict[int, int] | None = None,
     ) -> None:
         self.socket = socket
         self.router = socket.type == zmq.ROUTER
@@ -92,6 +95,8 @@ class Channel:
         # which requests get per-request byte counters (None: all); the cloud counts only requests
         # that opened, so Nacks to ids nobody opened leave no counter behind
         self.tracked = tracked
+        # message code -> largest frame of that type the receiver can use, checked before decoding
+        self.frame_caps = frame_caps or {}
 
     def send(self, message: Message, identity: bytes | None = None) -> int:
         return self.send_frame(encode(message), message, identity)
@@ -120,6 +125,11 @@ class Channel:
         identity = parts[0] if self.router else None
         if len(parts) != (2 if self.router else 1):
             self.counters.malformed += 1
+            return None
+        cap = self.frame_caps.get(peek_code(parts[-1]))
+        if cap is not None and len(parts[-1]) > cap:
+            self.counters.malformed += 1
+            self.counters.oversized += 1
             return None
         try:
             message = decode(parts[-1])

@@ -96,11 +96,12 @@ def _block_id_problem(block_id: wire.BlockId) -> str | None:
 
 
 def _open_fields(m: wire.Open) -> str | None:
-    count = wire.id_count(m.tokens)
+    count = wire.id_count(m.tokens)  # one byte per byte; the id array costs ~50 bytes per byte
+    if count > MAX_WIRE_TOKENS:  # so refused before the array is built
+        return f"tokens must be at most {MAX_WIRE_TOKENS}, not {count}"
     return _first(
         ids_problem(m.tokens, "tokens"),
         _range_problem("request", m.request, 0, UINT64_MAX),
-        _range_problem("tokens", count, 0, MAX_WIRE_TOKENS),
         _range_problem("prompt_len", m.prompt_len, 0, count + 1),
         sampling_problem(m.temperature, m.seed),
         _range_problem("first_k", m.first_k, 0, MAX_QUERY_INDEX),
@@ -110,6 +111,8 @@ def _open_fields(m: wire.Open) -> str | None:
 
 
 def _block_fields(m: wire.Block) -> str | None:
+    if len(m.candidates) > 5 * MAX_BLOCK_CANDIDATES:  # checked on the bytes, before any decoding
+        return f"Block: more than {MAX_BLOCK_CANDIDATES} candidates"
     problem = ids_problem(m.candidates, "candidates")
     if problem:
         return problem

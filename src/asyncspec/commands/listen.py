@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from asyncspec.audio import load_audio
-from asyncspec.commands.serve import add_http_auth_options
+from asyncspec.commands.serve import add_connection_options, add_http_auth_options, connection_limits
 from asyncspec.errors import InputError
 from asyncspec.ondemand.ingest import PACES, PCM_FORMATS, AudioBlock, LatestWindow, file_blocks, pcm_blocks
 from asyncspec.run.options import add_decoding_options
@@ -35,7 +35,8 @@ def add_arguments(parser) -> None:
     )
     add_http_auth_options(parser)
     parser.add_argument("--max-upload-bytes", type=int, default=32 << 20, help="largest uploaded file")
-    parser.add_argument("--max-connections", type=int, default=32, help="concurrent HTTP connections")
+    parser.add_argument("--max-connections", type=int, default=32, help="concurrent HTTP requests (503 beyond)")
+    add_connection_options(parser, "--", body_timeout_s=300.0)  # uploads are up to 32 MiB
     parser.add_argument("--auto", action="store_true", help="transcribe every block as it completes (no server)")
     parser.add_argument("--reset-s", type=float, default=12.0, help="--auto: audio and text context reset period")
     parser.add_argument("--out", default="out", help="--auto: folder for listen_auto.json and listen_auto.png")
@@ -77,13 +78,12 @@ def _bind_http(args):
 
     body = args.max_upload_bytes + FORM_OVERHEAD_BYTES
     guard = guard_config(args.host, args.api_key_file, body, args.allow_host, args.insecure_no_auth)
+    connection_limits(args, "")  # bad deadlines fail here, before any model loads
     return bind_listening_socket(args.host, args.port), guard
 
 
 def serve(args, methods: tuple[str, ...], target, drafters, config, blocks, http) -> int:
-    import uvicorn
-
-    from asyncspec.httpguard import uvicorn_limits
+    from asyncspec.httpserve import GuardedServer
     from asyncspec.ondemand.engine import Engine
     from asyncspec.ondemand.ingest import Ingestor
     from asyncspec.ondemand.prepared_state import Preparer
@@ -98,10 +98,10 @@ def serve(args, methods: tuple[str, ...], target, drafters, config, blocks, http
     ingestor.start()
     print(f"asyncspec listen: http://{args.host}:{args.port} (methods {', '.join(methods)})", file=sys.stderr)
     app = create_app(engine, args.model, UploadLimits(max_bytes=args.max_upload_bytes), guard)
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", **uvicorn_limits(args.max_connections)))
+    server = GuardedServer(app, listening, args.max_connections, connection_limits(args, ""))
     died = _watch_threads(server, {"preparation": preparer.thread, "request worker": engine.thread})
     try:
-        server.run(sockets=[listening])
+        server.run()
     finally:
         engine.close()
         preparer.close()

@@ -69,6 +69,9 @@ def _cloud_limits(parser: argparse.ArgumentParser) -> None:
         "--max-requests-per-peer", type=int, default=limits.DEFAULT_MAX_REQUESTS_PER_PEER, help="per connection"
     )
     parser.add_argument(
+        "--kv-budget-mib", type=float, help="KV the open requests may reserve (default: half the RAM or GPU memory)"
+    )
+    parser.add_argument(
         "--max-message-bytes", type=int, default=limits.DEFAULT_MAX_MESSAGE_BYTES, help="largest frame accepted"
     )
     parser.add_argument(
@@ -99,6 +102,23 @@ def add_http_auth_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_connection_options(parser: argparse.ArgumentParser, prefix: str, body_timeout_s: float = 60.0) -> None:
+    """The connection guard's deadlines and caps (connguard.py), for both HTTP services."""
+    parser.add_argument(f"{prefix}header-timeout", type=float, default=10.0, help="seconds for a request head (408)")
+    parser.add_argument(f"{prefix}body-timeout", type=float, default=body_timeout_s, help="seconds for a body (408)")
+    parser.add_argument(f"{prefix}max-per-address", type=int, default=32, help="open connections per client address")
+
+
+def connection_limits(args, prefix: str):
+    from asyncspec.connguard import ConnectionLimits
+
+    head, body = getattr(args, f"{prefix}header_timeout"), getattr(args, f"{prefix}body_timeout")
+    per_address = getattr(args, f"{prefix}max_per_address")
+    if head <= 0 or body <= 0 or per_address < 1:
+        raise InputError("the HTTP header and body timeouts must be positive and the per-address cap at least 1")
+    return ConnectionLimits(head_timeout_s=head, body_timeout_s=body, per_address=per_address)
+
+
 def _http_options(parser: argparse.ArgumentParser) -> None:
     from asyncspec.httpguard import DEFAULT_MAX_BODY_BYTES
 
@@ -106,7 +126,8 @@ def _http_options(parser: argparse.ArgumentParser) -> None:
         "--api-key-file", metavar="FILE", help="require `Authorization: Bearer KEY` (env ASYNCSPEC_API_KEY too)"
     )
     parser.add_argument("--http-max-body", type=int, default=DEFAULT_MAX_BODY_BYTES, help="request body bytes")
-    parser.add_argument("--http-max-connections", type=int, default=64, help="concurrent HTTP connections")
+    parser.add_argument("--http-max-connections", type=int, default=64, help="concurrent HTTP requests (503 beyond)")
+    add_connection_options(parser, "--http-")
     add_http_auth_options(parser)
 
 
@@ -161,6 +182,7 @@ def run_cloud(args) -> int:
         max_block=args.max_block,
         max_requests=args.max_requests,
         max_requests_per_peer=args.max_requests_per_peer,
+        kv_budget_bytes=None if args.kv_budget_mib is None else int(args.kv_budget_mib * (1 << 20)),
         max_message_bytes=args.max_message_bytes,
         decision_cache_bytes=args.reply_cache_bytes,
     )
@@ -213,19 +235,17 @@ def _bind_http(args):
     if not host or not port.isdigit():
         raise InputError(f"--http must be HOST:PORT, not {args.http!r}")
     guard = guard_config(host, args.api_key_file, args.http_max_body, tuple(args.allow_host), args.insecure_no_auth)
+    connection_limits(args, "http_")  # bad deadlines fail here, before any model loads
     return bind_listening_socket(host, int(port)), guard
 
 
 def _http_server(gateway, drafter, args, listening, guard):
-    import uvicorn
-
     from asyncspec.cloudedge.http import ChatFormatter, make_app
-    from asyncspec.httpguard import uvicorn_limits
+    from asyncspec.httpserve import GuardedServer
 
     app = make_app(gateway, drafter.tokenizer, args.model, ChatFormatter(_hf_tokenizer(args.model)), guard)
-    config = uvicorn.Config(app, log_level="warning", **uvicorn_limits(args.http_max_connections))
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [listening]}, daemon=True)
+    server = GuardedServer(app, listening, args.http_max_connections, connection_limits(args, "http_"))
+    thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     return server, thread
 
@@ -295,7 +315,8 @@ def _edge_curve(args, client_keys):
 def _wait_started(server, thread: threading.Thread, stop) -> None:
     while not server.started and not stop():
         if not thread.is_alive():
-            raise InputError(f"the HTTP server did not start on {server.config.host}:{server.config.port}")
+            host, port = server.listening.getsockname()[:2]
+            raise InputError(f"the HTTP server did not start on {host}:{port}")
         threading.Event().wait(0.05)
 
 
