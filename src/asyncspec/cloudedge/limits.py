@@ -79,9 +79,11 @@ def cloud_frame_caps(max_length: int, vocab_size: int, max_block: int) -> dict[i
 def request_kv_bytes(target) -> int:
     """The bytes of KV one request reserves: a fixed-shape cache knows its size (it is allocated
     whole, for every position); any other cache is sized from the model's shape at full length."""
-    cache = target.empty_state().cache
+    cache = target.empty_state().cache if hasattr(target, "empty_state") else None
     if callable(getattr(cache, "nbytes", None)):
         return int(cache.nbytes())
+    if not hasattr(target, "model"):  # a model-free decoder (a test's table): nothing to reserve
+        return 0
     config = target.model.config
     heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
@@ -89,9 +91,11 @@ def request_kv_bytes(target) -> int:
 
 
 def kv_device(target):
-    cache = target.empty_state().cache
+    cache = target.empty_state().cache if hasattr(target, "empty_state") else None
     keys = getattr(cache, "keys", None)
-    return keys[0].device if isinstance(keys, list) and keys else next(target.model.parameters()).device
+    if isinstance(keys, list) and keys:
+        return keys[0].device
+    return next(target.model.parameters()).device if hasattr(target, "model") else None
 
 
 def default_kv_budget(device) -> int:

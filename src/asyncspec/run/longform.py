@@ -23,6 +23,8 @@ def stream_segments(segments, info: TranscriptionInfo, label: str, echo: bool) -
             print(segment.text.strip(), flush=True)
         windows_seen = _progress(info, label, windows_seen)
     _progress(info, label, windows_seen)
+    if info.stats.producer_failure:  # the output is still exact: the target decoded on alone
+        print(f"{label}: note: As²d's producer failed ({info.stats.producer_failure})", file=sys.stderr)
     return kept
 
 

@@ -129,7 +129,10 @@ class Transcriber:
         method = method or self.method
         if method != "target" and method not in self.methods:
             raise InputError(f"this transcriber was not loaded for {method!r} (methods: {', '.join(self.methods)})")
-        options = replace(options or LongformOptions(), **overrides)
+        try:
+            options = replace(options or LongformOptions(), **overrides)
+        except TypeError as error:  # an option that does not exist
+            raise InputError(f"transcribe: {error}") from None
         samples = self.load(audio)
         info = TranscriptionInfo(
             language=options.language,
