@@ -12,13 +12,13 @@ from asyncspec.audio import load_audio
 from asyncspec.errors import InputError
 from asyncspec.run.compare import equality_check, methods_to_run, print_summary, save_traces
 from asyncspec.run.options import DecodingOptions, decode_config
-from asyncspec.transcription.longform import DEFAULT_TEMPERATURES, LongformOptions
+from asyncspec.transcription.longform import LongformOptions
 from asyncspec.transcription.outputs import parse_formats, write_outputs
 
 
 def run(args) -> int:
     options = DecodingOptions.from_args(args)  # bad options fail before any file is read
-    decode_config(options)  # checks --budget and --temperature
+    config = decode_config(options)  # checks --budget and --temperature
     longform = longform_options(args)
     formats = parse_formats(args.output_format) if args.output_dir else []
     if options.producer != "ct2-chunk" and "as2d" in options.methods:
@@ -39,7 +39,7 @@ def run(args) -> int:
         budget=options.budget,
         drafter=options.drafter or "whisper-tiny.en",
     ) as transcriber:
-        exactness = equality_check(transcriber.target, decode_config(options), options.compare)
+        exactness = equality_check(transcriber.target, config, options.compare)
         records: list[dict] = []
         decoded: list = []
         for path, samples in audio:
@@ -67,7 +67,7 @@ def _transcribe_file(transcriber, path: str, samples, run: _Run, exactness, deco
         segments, info = transcriber.transcribe(samples, run.longform, method=method)
         kept[method] = stream_segments(segments, info, Path(path).name, echo=method == run.shown)
         infos[method] = info
-        decoded += [({"file": path, "window": w.index, "start_s": w.seek / 100}, w.chosen.result) for w in info.windows]
+        decoded += [({"file": path, "window": w.index, "start_s": w.start_s}, w.chosen.result) for w in info.windows]
     if exactness is not None:
         for method in run.methods[1:]:
             check_windows(exactness, path, method, infos["target"], infos[method])
@@ -93,7 +93,7 @@ def longform_options(args) -> LongformOptions:
         raise InputError(f"--best-of must be at least 1, got {args.best_of}")
     return LongformOptions(
         language=args.language,
-        temperatures=temperatures if temperatures else DEFAULT_TEMPERATURES,
+        temperatures=temperatures,
         best_of=args.best_of,
         compression_ratio_threshold=args.compression_ratio_threshold,
         log_prob_threshold=args.logprob_threshold,

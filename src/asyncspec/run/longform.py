@@ -30,7 +30,7 @@ def stream_segments(segments, info: TranscriptionInfo, label: str, echo: bool) -
 
 def _progress(info: TranscriptionInfo, label: str, seen: int) -> int:
     for outcome in info.windows[seen:]:
-        done = min((outcome.seek + outcome.frames) / 100, info.duration)
+        done = min(outcome.end_s, info.duration)
         notes = " (silent, skipped)" if outcome.skipped else ""
         notes += f" (fell back to T={outcome.chosen.temperature:g})" if outcome.fell_back else ""
         print(f"{label} [{info.method}]: {done:.1f} / {info.duration:.1f} s{notes}", file=sys.stderr, flush=True)
@@ -38,19 +38,17 @@ def _progress(info: TranscriptionInfo, label: str, seen: int) -> int:
 
 
 def window_records(path: str, infos: dict[str, TranscriptionInfo], target, compared: bool) -> list[dict[str, Any]]:
-    """A record per method and window; `equal_to_target` against target-only's window of the same
-    index when target-only ran."""
+    """A record per method and window; with target-only run beside it, `equal_to_target` says
+    whether the window of the same index was decoded the same way (`windows_equal`)."""
     records = []
     reference = infos.get(REFERENCE) if compared else None
     for method, info in infos.items():
         for index, outcome in enumerate(info.windows):
-            context = {"file": str(path), "window": index, "start_s": outcome.seek / 100}
-            results = [outcome.chosen.result]
-            if reference is not None and method != REFERENCE and index < len(reference.windows):
-                results = [reference.windows[index].chosen.result, outcome.chosen.result]
-            record = comparison_records(results, target, compared and reference is not None, **context)[-1]
-            if reference is not None and method != REFERENCE and index < len(reference.windows):
-                record["equal_to_target"] = windows_equal(reference.windows[index], outcome)
+            context = {"file": str(path), "window": index, "start_s": outcome.start_s}
+            record = comparison_records([outcome.chosen.result], target, False, **context)[0]
+            if reference is not None:
+                twin = reference.windows[index] if index < len(reference.windows) else None
+                record["equal_to_target"] = twin is not None and windows_equal(twin, outcome)
             record |= {
                 "method": method,
                 "temperature": outcome.chosen.temperature,
@@ -58,8 +56,6 @@ def window_records(path: str, infos: dict[str, TranscriptionInfo], target, compa
                 "skipped": outcome.skipped,
                 "segments": len(outcome.segments),
             }
-            if reference is not None and method != REFERENCE and index >= len(reference.windows):
-                record["equal_to_target"] = False
             records.append(record)
     return records
 
@@ -80,7 +76,7 @@ def check_windows(check: ExactnessCheck, path: str, method: str, reference: Tran
 
 
 def _same_window(check: ExactnessCheck, where: str, method: str, expected, got) -> bool:
-    same_input = (expected.seek, expected.chosen.request.prompt_ids) == (got.seek, got.chosen.request.prompt_ids)
+    same_input = _same_input(expected, got)
     for attempt, (want, have) in enumerate(zip_longest(expected.attempts, got.attempts)):
         reference = want or expected.attempts[-1]
         tokens = have.result.tokens if have is not None and same_input else [-1]
@@ -90,8 +86,12 @@ def _same_window(check: ExactnessCheck, where: str, method: str, expected, got) 
     return True
 
 
+def _same_input(expected, got) -> bool:
+    """Both windows start at the same seek with the same prompt (previous text included)."""
+    return (expected.seek, expected.chosen.request.prompt_ids) == (got.seek, got.chosen.request.prompt_ids)
+
+
 def windows_equal(expected, got) -> bool:
     """The same window decoded the same way: seek, prompt and every attempt's tokens."""
-    same_input = (expected.seek, expected.chosen.request.prompt_ids) == (got.seek, got.chosen.request.prompt_ids)
     attempts = [a.result.tokens for a in expected.attempts] == [a.result.tokens for a in got.attempts]
-    return same_input and attempts
+    return _same_input(expected, got) and attempts

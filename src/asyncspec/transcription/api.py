@@ -199,7 +199,7 @@ def _observe(info: TranscriptionInfo, outcome: WindowOutcome) -> None:
     stats.fallbacks += outcome.fell_back
     stats.decodes += len(outcome.attempts)
     if outcome.skipped:
-        stats.skipped.append(outcome.seek / 100)
+        stats.skipped.append(outcome.start_s)
     stats.tokens += len(outcome.chosen.result.tokens)
     for attempt in outcome.attempts:
         stats.prefill_s += attempt.result.stats.prefill_s

@@ -76,6 +76,14 @@ class WindowOutcome:
     def fell_back(self) -> bool:
         return self.chosen.temperature > 0
 
+    @property
+    def start_s(self) -> float:
+        return self.seek / FRAMES_PER_SECOND
+
+    @property
+    def end_s(self) -> float:
+        return (self.seek + self.frames) / FRAMES_PER_SECOND
+
 
 def transcribe_windows(
     target, decode_window: WindowDecoder, samples: np.ndarray, options: LongformOptions
@@ -182,9 +190,7 @@ def _is_silent(attempt: Attempt, options: LongformOptions) -> bool:
 
 def _segments(target, outcome: WindowOutcome, first_id: int) -> tuple[list[Segment], int]:
     rules, chosen = target.timestamp_rules, outcome.chosen
-    pieces, next_seek = split_by_timestamps(
-        rules, chosen.result.tokens, outcome.seek / FRAMES_PER_SECOND, outcome.seek, outcome.frames
-    )
+    pieces, next_seek = split_by_timestamps(rules, chosen.result.tokens, outcome.start_s, outcome.seek, outcome.frames)
     segments: list[Segment] = []
     for piece in pieces:
         text = text_of(target.tokenizer, rules, piece.tokens)
