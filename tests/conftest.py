@@ -32,7 +32,10 @@ def word_tokenizer(vocab: int = TINY_VOCAB) -> TextTokenizer:
     return TextTokenizer(backend)
 
 
-def tiny_causal(dtype: torch.dtype = torch.float32, seed: int = 0, engine: str = "fixed-shape") -> CausalLMBackend:
+def tiny_causal(
+    dtype: torch.dtype | str = torch.float32, seed: int = 0, engine: str = "fixed-shape"
+) -> CausalLMBackend:
+    """dtype "int8": an fp32 model with int8 decoder weights (models/int8_linear.py)."""
     torch.manual_seed(seed)
     config = Qwen2Config(
         vocab_size=TINY_VOCAB,
@@ -44,14 +47,16 @@ def tiny_causal(dtype: torch.dtype = torch.float32, seed: int = 0, engine: str =
         max_position_embeddings=512,
         tie_word_embeddings=False,
     )
-    model = Qwen2ForCausalLM(config).to(dtype)
-    return CausalLMBackend(model, word_tokenizer(), f"tiny-qwen2-{seed}", frozenset({TINY_VOCAB - 1}), engine=engine)
+    model = Qwen2ForCausalLM(config).to(torch.float32 if dtype == "int8" else dtype)
+    eos = frozenset({TINY_VOCAB - 1})
+    return CausalLMBackend(model, word_tokenizer(), f"tiny-qwen2-{seed}", eos, engine=engine, int8=dtype == "int8")
 
 
 def tiny_whisper(
-    dtype: torch.dtype = torch.float32, seed: int = 0, multilingual: bool = False, engine: str = "fixed-shape"
+    dtype: torch.dtype | str = torch.float32, seed: int = 0, multilingual: bool = False, engine: str = "fixed-shape"
 ) -> WhisperBackend:
-    """Whisper-shaped, 2+2 layers, with the real tiny.en (English-only) or base (multilingual) tokenizer."""
+    """Whisper-shaped, 2+2 layers, with the real tiny.en (English-only) or base (multilingual) tokenizer;
+    dtype "int8": an fp32 model with int8 decoder weights."""
     torch.manual_seed(seed)
     eot = 50257 if multilingual else 50256
     config = WhisperConfig(
@@ -73,10 +78,10 @@ def tiny_whisper(
         suppress_tokens=[1, 2, 7],
         begin_suppress_tokens=[220, eot],
     )
-    model = WhisperForConditionalGeneration(config).to(dtype)
+    model = WhisperForConditionalGeneration(config).to(torch.float32 if dtype == "int8" else dtype)
     source = "whisper-base" if multilingual else "whisper-tiny.en"
     tokenizer = TextTokenizer.from_file(real_model_dir(source) / "tokenizer.json")
-    return WhisperBackend(model, tokenizer, f"tiny-whisper-{seed}", engine=engine)
+    return WhisperBackend(model, tokenizer, f"tiny-whisper-{seed}", engine=engine, int8=dtype == "int8")
 
 
 def real_model_dir(name: str):

@@ -59,7 +59,10 @@ def test_bench_e2e_times_every_system_and_checks_as2d(one_clip, tmp_path, capsys
         assert report["systems"]["whisper-cpp"]["files"][0]["segments"]
         assert report["systems"]["whisper-cpp"]["settings"]["beam_search"]["beam_size"] == 5
     assert report["exactness"]["passed"] and report["exactness"]["checked"] == 1
-    assert report["encoder"]["dtype"] in ("fp32", "bf16") and report["encoder"]["threads"] >= 1
+    assert report["encoder"]["dtype"] in ("fp32", "bf16", "int8") and report["encoder"]["threads"] >= 1
+    pids = {name: row["settings"]["worker_pid"] for name, row in report["systems"].items()}
+    assert pids["target"] == pids["as2d"]  # one target for both methods
+    assert len(set(pids.values())) == len(pids) - 1  # every other system in its own process
     assert report["device"]["cpu_flags"] and len(report["device"]["load_average_before"]) == 3
     assert isinstance(report["device"]["isa_environment"], dict)
     assert (out / "bench_e2e.png").stat().st_size > 10_000

@@ -20,7 +20,7 @@ def test_placement_is_measured_cached_and_applied(tmp_path, monkeypatch):
     target = tiny_whisper(torch.float32, seed=2)
     first = place_encoder(target)
     assert not first.cached and set(first.measured_ms) == {
-        f"{d}x{t}" for d in ("fp32", "bf16") for t in thread_candidates()
+        f"{d}x{t}" for d in ("fp32", "bf16", "int8") for t in thread_candidates()
     }
     assert (first.dtype, first.threads) == fastest(first.measured_ms)
     again = place_encoder(target)
@@ -35,3 +35,18 @@ def test_placement_is_measured_cached_and_applied(tmp_path, monkeypatch):
     assert encoded.dtype == target.dtype and encoded.shape[1] == 1500
     assert torch.get_num_threads() == threads_before  # the encoder's threads are restored after it
     assert np.isfinite(encoded.float().numpy()).all()
+
+
+def test_a_stale_placement_entry_is_replaced_not_measured_every_time(tmp_path, monkeypatch):
+    import json
+
+    from asyncspec.models.encoder_placement import _cache_file
+
+    monkeypatch.setenv("ASYNCSPEC_CACHE", str(tmp_path))
+    target = tiny_whisper(torch.float32, seed=3)
+    path = _cache_file(target)
+    path.parent.mkdir(parents=True)
+    stale = {"measured_ms": {"fp32x1": 1.0, "bf16x1": 2.0}, "thread_invariant": {"fp32": True, "bf16": True}}
+    path.write_text(json.dumps(stale))  # written before int8 was a candidate
+    assert not place_encoder(target).cached
+    assert place_encoder(target).cached  # the new measurement replaced it

@@ -67,7 +67,7 @@ def shape_dependent(decoder):
     return decoder
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, "int8"])
 def test_tiny_models_are_call_invariant_under_random_partitions(dtype):
     causal = tiny_causal(dtype, seed=4)
     generator = torch.Generator().manual_seed(4)
@@ -79,7 +79,7 @@ def test_tiny_models_are_call_invariant_under_random_partitions(dtype):
     assert_partitions_bitwise_equal(whisper, request, [1000 + 13 * i for i in range(30)], trials=4)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, "int8"])
 def test_self_test_passes_on_the_fixed_shape_engine(dtype):
     for decoder in (tiny_causal(dtype, seed=5), tiny_whisper(dtype, seed=5)):
         report = invariance(decoder, use_cache=False)
@@ -124,7 +124,7 @@ def test_self_test_uses_every_row_index_of_a_call():
 
 
 @pytest.mark.real
-@pytest.mark.parametrize("dtype", ["bf16", "fp32"])
+@pytest.mark.parametrize("dtype", ["bf16", "fp32", "int8"])
 def test_real_whisper_base_rows_are_call_invariant(dtype):
     from asyncspec.audio import load_audio
     from asyncspec.data.librivox import librivox_clips
@@ -139,7 +139,7 @@ def test_real_whisper_base_rows_are_call_invariant(dtype):
 
 @pytest.mark.qwen
 @requires_qwen_05b
-@pytest.mark.parametrize("dtype", ["bf16", "fp32"])
+@pytest.mark.parametrize("dtype", ["bf16", "fp32", "int8"])
 def test_real_qwen_05b_rows_are_call_invariant(dtype):
     from asyncspec.models.offline import prepare
     from asyncspec.models.registry import load_decoder

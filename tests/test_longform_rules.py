@@ -108,3 +108,52 @@ def test_subtitle_times_never_go_backwards_and_parse():
 
     captions = webvtt.from_buffer(io.StringIO(to_vtt(segments, {}))).captions
     assert [c.text for c in captions] == ["one", "two", "three"]
+
+
+class ScriptedTarget:
+    """What the long-form loop needs of a target: its rules, a tokenizer and window requests."""
+
+    timestamp_rules = RULES
+
+    class tokenizer:
+        @staticmethod
+        def decode(ids):
+            return " ".join(f"w{i}" for i in ids)
+
+    def request(self, audio, language, timestamps, previous):
+        from asyncspec.models.base import DecodeRequest
+
+        return DecodeRequest(prompt_ids=(1,), audio=audio)
+
+
+# the window at each seek (s) -> its output: text ids and timestamps (<|t|> = 12 + 50 t)
+EARLY_END_SCRIPT = {
+    0.0: [12, 1, 2, 112],  # "w1 w2" 0-2 s, then end of text: the reference rule skips to 30 s
+    2.0: [12, 7, 8, 1412],  # the speech at 2-30 s, seen only from a window that starts at 2 s
+    30.0: [12, 9, 112],
+}
+
+
+def scripted_windows(resume: bool) -> list:
+    from asyncspec.decoding.result import DecodeResult, DecodeStats
+    from asyncspec.trace import Trace
+    from asyncspec.transcription.longform import LongformOptions, transcribe_windows
+
+    def decode(request, config, seek_s, end_s):
+        tokens = EARLY_END_SCRIPT.get(round(seek_s, 2), [12, 3, 62])
+        return DecodeResult("scripted", tokens, DecodeStats(logprobs=[0.0] * (len(tokens) + 1)), Trace())
+
+    samples = torch.zeros(65 * 16_000).numpy()
+    options = LongformOptions(resume_after_early_end=resume)
+    return list(transcribe_windows(ScriptedTarget(), decode, samples, options))
+
+
+def test_a_window_that_ends_early_is_followed_from_its_last_segment_and_the_reference_rule_skips():
+    resumed = scripted_windows(resume=True)
+    text = " ".join(segment.text for window in resumed for segment in window.segments)
+    assert [w.start_s for w in resumed[:3]] == [0.0, 2.0, 30.0] and resumed[0].resumed_early
+    assert "w7 w8" in text and text.startswith("w1 w2")
+    reference = scripted_windows(resume=False)  # Whisper's rule: the lone ending moves a whole window
+    assert [w.start_s for w in reference[:2]] == [0.0, 30.0] and not reference[0].resumed_early
+    assert "w7" not in " ".join(segment.text for window in reference for segment in window.segments)
+    assert all(b.start_s - a.start_s >= 1.0 for a, b in zip(resumed, resumed[1:], strict=False))

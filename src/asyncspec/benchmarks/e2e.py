@@ -10,9 +10,7 @@ import argparse
 import json
 import os
 import sys
-import time
 from contextlib import ExitStack
-from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -21,17 +19,15 @@ from asyncspec.benchmarks.e2e_files import FILE_SETS, BenchFile, bench_files
 from asyncspec.benchmarks.e2e_report import cpu_flags, isa_environment, plot, ratio_table
 from asyncspec.benchmarks.e2e_systems import (
     FASTER_WHISPER_HINT,
-    AsyncspecSystem,
-    FasterWhisperSystem,
     faster_whisper_installed,
 )
-from asyncspec.benchmarks.e2e_whispercpp import PYWHISPERCPP_HINT, WhisperCppSystem
+from asyncspec.benchmarks.e2e_whispercpp import PYWHISPERCPP_HINT
 from asyncspec.benchmarks.e2e_whispercpp import available as whispercpp_installed
 from asyncspec.errors import InputError
 from asyncspec.text_metrics import word_errors, word_recall
 
 if TYPE_CHECKING:  # the check imports torch: not while the command line is only being parsed
-    from asyncspec.exactness import ExactnessCheck
+    pass
 
 HELP = "audio file to text: asyncspec target-only and As²d vs faster-whisper int8/float32 and whisper.cpp, same weights"
 ASYNCSPEC_SYSTEMS = ("target", "as2d")
@@ -74,9 +70,14 @@ def add_arguments(parser) -> None:
         help="also time each system in a fresh process over all files (load and imports included)",
     )
     parser.add_argument("--model", default="whisper-base", help="the Whisper weights every system runs")
-    parser.add_argument("--dtype", default="bf16", choices=["bf16", "fp32"], help="asyncspec target dtype")
     parser.add_argument(
-        "--encoder", default="auto", choices=["auto", "fp32", "bf16"], help="asyncspec encoder (auto: measured)"
+        "--dtype",
+        default="auto",
+        choices=["bf16", "fp32", "int8", "auto"],
+        help="asyncspec target dtype (auto, as transcribe: int8 or bf16, the faster here, measured)",
+    )
+    parser.add_argument(
+        "--encoder", default="auto", choices=["auto", "fp32", "bf16", "int8"], help="asyncspec encoder (auto: measured)"
     )
     parser.add_argument("--producer-model", default="whisper-tiny.en", help="as2d: the producer's recogniser")
     parser.add_argument("--chunk-s", type=float, default=None, help="as2d: seconds per chunk (default: deployed)")
@@ -103,7 +104,8 @@ def run(args) -> int:
     if args.cold:  # after every warm model is closed: the fresh processes have the machine to themselves
         from asyncspec.benchmarks.e2e_cold import cold_walls
 
-        for name, cold in cold_walls(names, [f.path for f in files], args.model, args.threads).items():
+        paths = [f.path for f in files]
+        for name, cold in cold_walls(names, paths, args.model, args.threads, _cold_options(args)).items():
             report["systems"][name]["cold"] = cold
     out.mkdir(parents=True, exist_ok=True)
     (out / "bench_e2e.json").write_text(json.dumps(report, indent=1))
@@ -112,6 +114,15 @@ def run(args) -> int:
     print(ratio_table(report))
     print(f"wrote {out / 'bench_e2e.json'}, {out / 'bench_e2e.png'}")
     return check.report() if check is not None else 0
+
+
+def _cold_options(args) -> list[str]:
+    """`asyncspec transcribe` options that make the cold run the same configuration as the warm one."""
+    options = ["--model", args.model, "--dtype", args.dtype, "--encoder", args.encoder]
+    options += ["--producer-model", args.producer_model]
+    for flag, value in (("--chunk-s", args.chunk_s), ("--budget", args.budget)):
+        options += [flag, str(value)] if value is not None else []
+    return options
 
 
 def parse_systems(text: str) -> list[str]:
@@ -132,48 +143,34 @@ def parse_systems(text: str) -> list[str]:
 
 
 def load_systems(args, names: list[str], stack: ExitStack) -> dict:
-    """Every system loaded before any file is timed; each one's load time kept apart. Target-only
-    and As²d share the target (As²d's load adds its producer process's start)."""
-    systems = {}
-    if any(name in ASYNCSPEC_SYSTEMS for name in names):
-        systems.update(_asyncspec_systems(args, names, stack))
+    """Every system loaded, each in its own worker process (e2e_isolated.py), before any file is
+    timed; each one's load time kept apart. Target-only and As²d share one worker and its target
+    (As²d's load adds its producer process's start)."""
+    from asyncspec.benchmarks.e2e_isolated import IsolatedSystem, SystemWorker
+
+    workers: list[tuple[SystemWorker, list[str]]] = []
+    asyncspec = [name for name in names if name in ASYNCSPEC_SYSTEMS]
+    if asyncspec:
+        methods = ("as2d", "target") if "as2d" in asyncspec else ("target",)
+        options = {"dtype": args.dtype, "encoder": args.encoder, "producer_model": args.producer_model}
+        options |= {"chunk_s": args.chunk_s, "budget": args.budget}
+        worker = SystemWorker("asyncspec", {"model": args.model, "methods": methods, "options": options})
+        stack.callback(worker.close)
+        print(f"asyncspec target: {worker.ready.extras['describe']}", flush=True)
+        workers.append((worker, list(methods)))
     for name in names:
         if name in FASTER_WHISPER:
             compute_type, preset = FASTER_WHISPER[name]
-            systems[name] = FasterWhisperSystem(args.model, compute_type, args.threads, preset)
+            arguments = {"name": name, "model": args.model, "compute_type": compute_type, "threads": args.threads}
+            workers.append((SystemWorker("faster-whisper", arguments | {"preset": preset}), [name]))
         elif name == WHISPER_CPP:
-            systems[name] = WhisperCppSystem(args.model, args.threads)
-    for system in systems.values():
-        stack.callback(system.close)
+            arguments = {"name": name, "model": args.model, "threads": args.threads}
+            workers.append((SystemWorker("whisper-cpp", arguments), [name]))
+        else:
+            continue
+        stack.callback(workers[-1][0].close)
+    systems = {name: IsolatedSystem(worker, name) for worker, hosted in workers for name in hosted}
     return {name: systems[name] for name in names}
-
-
-def _asyncspec_systems(args, names: list[str], stack: ExitStack) -> dict:
-    import torch
-
-    from asyncspec.transcription.api import Transcriber
-
-    # asyncspec's share of the cores: its decoder runs on one thread (its small per-token ops
-    # only slow down on two), the producer process on another; the encoder takes the threads its
-    # measured placement chose.
-    torch.set_num_threads(1)
-    started = time.perf_counter()
-    methods = ("as2d", "target") if "as2d" in names else ("target",)
-    transcriber = Transcriber(
-        args.model,
-        methods,
-        dtype=args.dtype,
-        encoder=args.encoder,
-        producer_model=args.producer_model,
-        chunk_s=args.chunk_s,
-        budget=args.budget,
-    )
-    stack.callback(transcriber.close)
-    if transcriber.producer is not None:
-        transcriber.producer.ready()
-    load_s = time.perf_counter() - started
-    print(f"asyncspec target {args.model} {args.dtype}: {transcriber.target.encoder_placement.summary()}", flush=True)
-    return {method: AsyncspecSystem(method, transcriber, load_s) for method in methods}
 
 
 def measure(systems: dict, files: list[BenchFile], interleaved: bool = True) -> dict[str, list]:
@@ -186,9 +183,7 @@ def measure(systems: dict, files: list[BenchFile], interleaved: bool = True) -> 
     file's text to its own, so a path that overlaps files would get the credit (a quiet machine)."""
     warmup = _warmup_excerpt(files[0].path)
     for name, system in systems.items():
-        started = time.perf_counter()
-        system.transcribe(warmup)
-        system.warmup_s = time.perf_counter() - started
+        system.warmup_s, _ = system.timed(warmup)
         print(f"{name}: loaded in {system.load_s:.2f} s, warm-up {system.warmup_s:.2f} s", flush=True)
     if not interleaved:
         return {name: _timed_stream(name, system, files) for name, system in systems.items()}
@@ -196,10 +191,9 @@ def measure(systems: dict, files: list[BenchFile], interleaved: bool = True) -> 
     names = list(systems)
     for index, bench_file in enumerate(files):
         for name in names[index % len(names) :] + names[: index % len(names)]:
-            started = time.perf_counter()
-            transcript = systems[name].transcribe(bench_file.path)
-            results[name].append((time.perf_counter() - started, transcript))
-            print(f"{bench_file.path.name} {name}: {results[name][-1][0]:.2f} s  {transcript.text}", flush=True)
+            results[name].append(systems[name].timed(bench_file.path))
+            seconds, transcript = results[name][-1]
+            print(f"{bench_file.path.name} {name}: {seconds:.2f} s  {transcript.text}", flush=True)
     return {name: results[name] for name in systems}
 
 
@@ -215,27 +209,34 @@ def _warmup_excerpt(path: Path, seconds: float = 10.0) -> Path:
 
 
 def _timed_stream(name: str, system, files: list[BenchFile]) -> list:
-    measured = []
-    last = time.perf_counter()
-    for bench_file, transcript in zip(files, system.transcribe_files([f.path for f in files]), strict=True):
-        now = time.perf_counter()
-        measured.append((now - last, transcript))
-        last = now
-        print(f"{bench_file.path.name} {name}: {measured[-1][0]:.2f} s  {transcript.text}", flush=True)
+    measured = system.timed_stream([f.path for f in files])
+    for bench_file, (seconds, transcript) in zip(files, measured, strict=True):
+        print(f"{bench_file.path.name} {name}: {seconds:.2f} s  {transcript.text}", flush=True)
     return measured
 
 
-def exactness_check(systems: dict, results: dict[str, list], files: list[BenchFile]) -> ExactnessCheck | None:
-    """Every As²d window (seek, prompt, tokens) against target-only's (None without As²d)."""
-    from asyncspec.exactness import ExactnessCheck
-    from asyncspec.run.longform import check_windows
+class WindowCheck:
+    """The exactness check's outcome, made in the asyncspec worker (which holds the target)."""
 
+    def __init__(self, as_json: dict, code: int, text: str):
+        self._json, self.code, self.text = as_json, code, text
+
+    def as_json(self) -> dict:
+        return self._json
+
+    def report(self) -> int:
+        print(self.text, end="")
+        return self.code
+
+
+def exactness_check(systems: dict, results: dict[str, list], files: list[BenchFile]) -> WindowCheck | None:
+    """Every As²d window (seek, prompt, tokens) against target-only's (None without As²d)."""
     if "as2d" not in results:
         return None
-    check = ExactnessCheck(systems["target"].transcriber.target)
-    for bench_file, (_, expected), (_, got) in zip(files, results["target"], results["as2d"], strict=True):
-        check_windows(check, str(bench_file.path), "as2d", expected.info, got.info)
-    return check
+    expected = [transcript.info for _, transcript in results["target"]]
+    got = [transcript.info for _, transcript in results["as2d"]]
+    paths = [str(f.path) for f in files]
+    return WindowCheck(*systems["target"].worker.call("check", paths, expected, got))
 
 
 def build_report(args, files, systems, results, check, before: dict) -> dict:
@@ -258,7 +259,7 @@ def build_report(args, files, systems, results, check, before: dict) -> dict:
 def _encoder_placement(systems: dict) -> dict | None:
     """The asyncspec target's encoder dtype and threads (and the timings that chose them)."""
     target = systems.get("target")
-    return asdict(target.transcriber.target.encoder_placement) if target is not None else None
+    return target.extras["encoder"] if target is not None else None
 
 
 def system_summary(system, measured: list, files: list[BenchFile]) -> dict:

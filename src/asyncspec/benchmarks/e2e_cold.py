@@ -178,15 +178,19 @@ def _segment(value) -> Segment:
     return Segment(float(start), float(end), str(text).strip())
 
 
-def cold_walls(names: Sequence[str], files: Sequence[Path], model: str, threads: int) -> dict[str, dict]:
+def cold_walls(
+    names: Sequence[str], files: Sequence[Path], model: str, threads: int, asyncspec_options: Sequence[str] = ()
+) -> dict[str, dict]:
     """Each system once over all files in a fresh process, one after another: its wall, exit code
-    and texts. asyncspec's systems run `asyncspec transcribe`; faster-whisper and whisper.cpp their
-    own entries (e2e.FASTER_WHISPER names encode compute type and preset)."""
+    and texts. asyncspec's systems run `asyncspec transcribe` with `asyncspec_options` (the warm
+    run's model, dtype, encoder); faster-whisper and whisper.cpp their own entries
+    (e2e.FASTER_WHISPER names encode compute type and preset)."""
     runs: dict[str, dict] = {}
+    command = (*ASYNCSPEC_COMMAND[:-1], *asyncspec_options, ASYNCSPEC_COMMAND[-1])
     for name in names:
         print(f"cold: {name} over {len(files)} files in a fresh process", file=sys.stderr, flush=True)
         if name in ("target", "as2d"):
-            runs[name] = cold_asyncspec(files, name).record()
+            runs[name] = cold_asyncspec(files, name, command).record()
         elif name.startswith("faster-whisper-"):
             compute, _, preset = name.removeprefix("faster-whisper-").partition("-")
             runs[name] = cold_faster_whisper(files, model, compute, preset or "stripped", threads).record()

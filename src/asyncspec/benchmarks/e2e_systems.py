@@ -112,7 +112,7 @@ class AsyncspecSystem(StreamingSystem):
         from asyncspec.transcription.longform import LongformOptions
 
         target = self.transcriber.target
-        settings: dict[str, Any] = {"method": self.method, "dtype": str(target.dtype).removeprefix("torch.")}
+        settings: dict[str, Any] = {"method": self.method, "dtype": target.precision}
         settings["longform"] = asdict(LongformOptions())
         if self.method == "as2d":
             producer = self.transcriber.producer.spec

@@ -19,7 +19,7 @@ OFFSETS = (0, 32)
 
 def add_arguments(parser) -> None:
     parser.add_argument("--model", default="whisper-base")
-    parser.add_argument("--dtypes", default="bf16,fp32", help="comma list of bf16, fp32")
+    parser.add_argument("--dtypes", default="bf16,fp32,int8", help="comma list of bf16, fp32, int8")
     parser.add_argument("--max-width", type=int, default=16, help="V(K) for K = 1..this")
     parser.add_argument("--repetitions", type=int, default=5)
     parser.add_argument("--windows", type=int, default=5, help="LibriVox windows for the throughput runs")
@@ -29,8 +29,8 @@ def add_arguments(parser) -> None:
 
 def run(args) -> int:
     dtypes = [d.strip() for d in args.dtypes.split(",") if d.strip()]
-    if not dtypes or any(d not in ("bf16", "fp32") for d in dtypes) or args.max_width < 1 or args.windows < 1:
-        raise InputError("--dtypes takes bf16 and/or fp32; --max-width and --windows must be >= 1")
+    if not dtypes or any(d not in ("bf16", "fp32", "int8") for d in dtypes) or args.max_width < 1 or args.windows < 1:
+        raise InputError("--dtypes takes bf16, fp32 and/or int8; --max-width and --windows must be >= 1")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     windows = _windows(args.windows)

@@ -33,7 +33,7 @@ def add_cloudedge_arguments(bench) -> None:
     bench.add_argument("--run-timeout", type=float, help="seconds per run; a run cut short counts what it committed")
     bench.add_argument("--check-requests", type=int, help="greedy exactness check: requests per method (0: none)")
     bench.add_argument("--check-tokens", type=int, help="greedy exactness check: tokens per request")
-    bench.add_argument("--dtype", choices=["bf16", "fp32"], help="default: tiny fp32, qwen bf16")
+    bench.add_argument("--dtype", choices=["bf16", "fp32", "int8"], help="default: tiny fp32, qwen bf16")
     bench.add_argument("--seed", type=int, default=0)
     bench.add_argument("--out", default="out", help="folder for the JSON and PNGs")
     bench.add_argument("--json", metavar="FILE", help="JSON path (default: OUT/cloudedge.json)")
@@ -53,7 +53,7 @@ def add_correction_arguments(correction) -> None:
         action="store_true",
         help="score HumanEval even where the sandbox gets no namespaces (model-written code then runs as this user)",
     )
-    correction.add_argument("--dtype", choices=["bf16", "fp32"])
+    correction.add_argument("--dtype", choices=["bf16", "fp32", "int8"])
     correction.add_argument("--seed", type=int, default=0)
     correction.add_argument("--out", default="out")
     correction.add_argument("--json", metavar="FILE", help="JSON path (default: OUT/correction.json)")

@@ -23,7 +23,7 @@ def add_transcribe(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--output-dir", metavar="DIR", help="write <name>.<format> files here")
     parser.add_argument("--output-format", default="all", help="with --output-dir: txt, srt, vtt, tsv, json or all")
     add_decoding_options(parser, "whisper-base", "whisper-tiny.en")
-    parser.set_defaults(method="as2d")
+    parser.set_defaults(method="as2d", dtype="auto")
     add_longform_options(parser)
 
 
@@ -46,6 +46,13 @@ def add_longform_options(parser: argparse.ArgumentParser) -> None:
         default=True,
         action=argparse.BooleanOptionalAction,
         help="prompt each window with the text before it (reset after a hot fallback)",
+    )
+    parser.add_argument(
+        "--resume-after-early-end",
+        default=True,
+        action=argparse.BooleanOptionalAction,
+        help="a window whose text ends over 1 s before its end is followed from there, not from its end "
+        "(Whisper's rule skips that audio as silent; --no-resume-after-early-end keeps Whisper's rule)",
     )
 
 

@@ -132,7 +132,7 @@ def _http_options(parser: argparse.ArgumentParser) -> None:
 
 
 def _model_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--dtype", default="bf16", choices=["bf16", "fp32", "fp16"])
+    parser.add_argument("--dtype", default="bf16", choices=["bf16", "fp32", "fp16", "int8", "auto"])
     parser.add_argument("--threads", type=int, default=1, help="torch threads")
 
 

@@ -39,6 +39,7 @@ def run(args) -> int:
         budget=options.budget,
         drafter=options.drafter or "whisper-tiny.en",
     ) as transcriber:
+        print(transcriber.target.describe(), file=sys.stderr)
         exactness = equality_check(transcriber.target, config, options.compare)
         records: list[dict] = []
         decoded: list = []
@@ -99,5 +100,6 @@ def longform_options(args) -> LongformOptions:
         log_prob_threshold=args.logprob_threshold,
         no_speech_threshold=args.no_speech_threshold,
         condition_on_previous_text=args.condition_on_previous_text,
+        resume_after_early_end=args.resume_after_early_end,
         seed=args.seed,
     )

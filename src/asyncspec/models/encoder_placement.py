@@ -6,10 +6,15 @@ where it emulates bf16. So each candidate is timed on one 30 s window and the fa
 cached per machine (CPU model and flags, ISA caps, torch version, model). The encoder's dtype is
 part of the target's definition: every method of a process uses the same encoder, so exactness
 between methods holds whichever is chosen.
+
+"int8" is the fp32 encoder with its linears on int8 weights and per-row int8 activations
+(models/int8_linear.py); its convolutions stay fp32. Where the CPU emulates bf16 it is the
+candidate that can beat fp32.
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import time
@@ -17,13 +22,16 @@ from dataclasses import dataclass
 
 import torch
 
-ENCODER_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+from asyncspec.models.int8_linear import Int8Linear, quantize_linears
+
+# the dtype each candidate's input and float layers run in
+ENCODER_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "int8": torch.float32}
 REPEATS = 2  # timed passes per candidate, after one warm-up
 
 
 @dataclass(frozen=True)
 class EncoderPlacement:
-    dtype: str  # "fp32" or "bf16"
+    dtype: str  # "fp32", "bf16" or "int8"
     threads: int
     measured_ms: dict[str, float]  # "bf16x2" -> median ms of one 30 s window; empty when not measured
     # the chosen dtype's output is bitwise the same on every thread count tried (reported: a
@@ -45,20 +53,42 @@ def thread_candidates() -> list[int]:
     return sorted({1, cores})
 
 
+def as_candidate(encoder: torch.nn.Module, name: str) -> torch.nn.Module:
+    """The encoder in candidate `name`: fp32/bf16 cast in place, int8 a quantized fp32 copy (its
+    float weights are kept for the other candidates)."""
+    if name != "int8":
+        return encoder.to(ENCODER_DTYPES[name])
+    quantized = copy.deepcopy(encoder).float()
+    quantize_linears(quantized)
+    return quantized
+
+
+def place(encoder: torch.nn.Module, name: str) -> None:
+    """Put the backend's own encoder in candidate `name`, in place. Quantizing drops the float
+    weights, so an int8 encoder stays int8."""
+    quantized = any(isinstance(m, Int8Linear) for m in encoder.modules())
+    if quantized and name != "int8":
+        raise ValueError(f"this encoder's weights are int8 already; it cannot run in {name}")
+    if name == "int8":
+        quantize_linears(encoder.float())
+    else:
+        encoder.to(ENCODER_DTYPES[name])
+
+
 @torch.inference_mode()
 def measure(encoder: torch.nn.Module, features: torch.Tensor) -> dict[str, float]:
     """Median ms per candidate (dtype x threads) of one pass over `features` [1, mels, 3000]."""
     timings, before = {}, torch.get_num_threads()
     try:
         for name, dtype in ENCODER_DTYPES.items():
-            encoder.to(dtype)
+            candidate = as_candidate(encoder, name)
             for threads in thread_candidates():
                 torch.set_num_threads(threads)
-                encoder(features.to(dtype))  # warm-up: kernels are chosen on the first call
+                candidate(features.to(dtype))  # warm-up: kernels are chosen on the first call
                 passes = []
                 for _ in range(REPEATS):
                     start = time.perf_counter()
-                    encoder(features.to(dtype))
+                    candidate(features.to(dtype))
                     passes.append(time.perf_counter() - start)
                 timings[f"{name}x{threads}"] = round(1000 * sorted(passes)[len(passes) // 2], 1)
     finally:
@@ -67,15 +97,15 @@ def measure(encoder: torch.nn.Module, features: torch.Tensor) -> dict[str, float
 
 
 @torch.inference_mode()
-def same_on_every_thread_count(encoder: torch.nn.Module, dtype: torch.dtype, mels: int) -> bool:
+def same_on_every_thread_count(encoder: torch.nn.Module, name: str, mels: int) -> bool:
     """One seeded pseudo-random window through the encoder on each candidate thread count."""
-    features = torch.randn(1, mels, 3000, generator=torch.Generator().manual_seed(5)).to(dtype)
-    encoder.to(dtype)
+    features = torch.randn(1, mels, 3000, generator=torch.Generator().manual_seed(5)).to(ENCODER_DTYPES[name])
+    candidate = as_candidate(encoder, name)
     outputs, before = [], torch.get_num_threads()
     try:
         for threads in thread_candidates():
             torch.set_num_threads(threads)
-            outputs.append(encoder(features).last_hidden_state)
+            outputs.append(candidate(features).last_hidden_state)
     finally:
         torch.set_num_threads(before)
     return all(torch.equal(outputs[0], other) for other in outputs[1:])
@@ -88,16 +118,16 @@ def fastest(timings: dict[str, float]) -> tuple[str, int]:
 
 
 def place_encoder(backend, choice: str = "auto") -> EncoderPlacement:
-    """`choice` "fp32"/"bf16" pins the dtype (one thread per core the machine has, measured);
-    "auto" measures both dtypes, or reads this machine's cached verdict."""
+    """`choice` "fp32"/"bf16"/"int8" pins the dtype (the thread count is measured); "auto"
+    measures every candidate, or reads this machine's cached verdict."""
     if choice not in ("auto", *ENCODER_DTYPES):
-        raise ValueError(f"unknown encoder choice {choice!r}; use auto, fp32 or bf16")
+        raise ValueError(f"unknown encoder choice {choice!r}; use auto, {', '.join(ENCODER_DTYPES)}")
     path = _cache_file(backend)
     measured = _read(path)
     if measured is None:
         mels, encoder = backend.model.config.num_mel_bins, backend.model.model.encoder
         timings = measure(encoder, torch.zeros(1, mels, 3000))
-        invariant = {name: same_on_every_thread_count(encoder, dtype, mels) for name, dtype in ENCODER_DTYPES.items()}
+        invariant = {name: same_on_every_thread_count(encoder, name, mels) for name in ENCODER_DTYPES}
         measured = _keep_first({"measured_ms": timings, "thread_invariant": invariant, "cached": False}, path)
     timings = measured["measured_ms"]
     if choice != "auto":
@@ -116,9 +146,13 @@ def _keep_first(measured: dict, path) -> dict:
         os.link(scratch, path)  # atomic: never a half-written file, and an existing one is kept
         return measured
     except FileExistsError:
-        return _read(path) or measured
+        existing = _read(path)
+        if existing is not None:
+            return existing
+        os.replace(scratch, path)  # a damaged entry, or one of another candidate set, is replaced
+        return measured
     finally:
-        scratch.unlink()
+        scratch.unlink(missing_ok=True)
 
 
 def _cache_file(backend):

@@ -18,7 +18,7 @@ Rollback only moves the length pointer: a slot past it is rewritten before any r
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -135,9 +135,11 @@ class CallShape:
 class FixedShapeEngine:
     """Runs a BlockForward so that every call has one shape (see the module docstring)."""
 
-    def __init__(self, forward: BlockForward, output_weight: torch.Tensor, shape: CallShape, pad_id: int = 0):
+    def __init__(
+        self, forward: BlockForward, project: Callable[[torch.Tensor], torch.Tensor], shape: CallShape, pad_id: int = 0
+    ):
         self.forward = forward
-        self.output_weight = output_weight  # [V, D]
+        self.project = project  # final hidden states [W, D] -> logits [W, V] (a float or an int8 linear)
         self.shape = shape
         self.pad_id = pad_id
 
@@ -152,6 +154,6 @@ class FixedShapeEngine:
             chunk = list(tokens[offset : offset + width])
             ids = torch.tensor(chunk + [self.pad_id] * (width - len(chunk)))
             hidden = self.forward(cache, ids, start + offset, len(chunk))  # [width, D]
-            logits = torch.nn.functional.linear(hidden, self.output_weight)  # all rows: one shape
+            logits = self.project(hidden)  # all rows: one shape
             rows.append(logits[: len(chunk)])
         return torch.cat(rows) if len(rows) > 1 else rows[0]

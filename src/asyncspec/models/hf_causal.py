@@ -28,6 +28,7 @@ class CausalLMBackend(KVBackend):
         eos_ids: frozenset[int],
         engine: str = FIXED_SHAPE,
         shape: CallShape | None = None,
+        int8: bool = False,
     ):
         self.model = model.eval()
         self.tokenizer = tokenizer
@@ -36,14 +37,16 @@ class CausalLMBackend(KVBackend):
         self.dtype = next(model.parameters()).dtype
         self.vocab_size = model.get_output_embeddings().weight.shape[0]
         self.max_length = min(getattr(model.config, "max_position_embeddings", DEFAULT_MAX_LENGTH), DEFAULT_MAX_LENGTH)
-        self._init_engine(engine, shape)
+        self._init_engine(engine, shape, int8)
 
     @classmethod
-    def load(cls, source: str | Path, name: str, dtype: torch.dtype, engine: str = FIXED_SHAPE) -> CausalLMBackend:
+    def load(
+        cls, source: str | Path, name: str, dtype: torch.dtype, engine: str = FIXED_SHAPE, int8: bool = False
+    ) -> CausalLMBackend:
         model = AutoModelForCausalLM.from_pretrained(str(source), dtype=dtype)
         hf_tokenizer = AutoTokenizer.from_pretrained(str(source))
         eos = _eos_ids(model, hf_tokenizer)
-        return cls(model, TextTokenizer(hf_tokenizer.backend_tokenizer), name, eos, engine=engine)
+        return cls(model, TextTokenizer(hf_tokenizer.backend_tokenizer), name, eos, engine=engine, int8=int8)
 
     def request(self, prompt: str, max_new_tokens: int = 256) -> DecodeRequest:
         ids = self.tokenizer.encode(prompt)
@@ -77,6 +80,9 @@ class CausalLMBackend(KVBackend):
 
     def _output_weight(self) -> torch.Tensor:
         return self.model.get_output_embeddings().weight
+
+    def _decoder_layers(self) -> torch.nn.Module:
+        return self.model.model.layers
 
 
 def _eos_ids(model, hf_tokenizer) -> frozenset[int]:

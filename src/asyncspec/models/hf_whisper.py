@@ -21,7 +21,7 @@ from transformers import (
 from asyncspec.audio import SAMPLE_RATE
 from asyncspec.errors import InputError
 from asyncspec.models.base import DecodeRequest, DecoderState
-from asyncspec.models.encoder_placement import EncoderPlacement, place_encoder
+from asyncspec.models.encoder_placement import EncoderPlacement, place, place_encoder
 from asyncspec.models.fixed_shape import CallShape
 from asyncspec.models.forward_whisper import WhisperBlockForward
 from asyncspec.models.kv_backend import DEFAULT_WIDTH, FIXED_SHAPE, KVBackend
@@ -40,6 +40,7 @@ class WhisperBackend(KVBackend):
         name: str,
         engine: str = FIXED_SHAPE,
         shape: CallShape | None = None,
+        int8: bool = False,
     ):
         self.model = model.eval()
         self.tokenizer = tokenizer
@@ -64,11 +65,17 @@ class WhisperBackend(KVBackend):
         self._suppress_begin = _mask(self.vocab_size, suppress + begin)
         self.timestamp_rules = _timestamp_rules(tokenizer)
         self.no_speech_id = _first_token(tokenizer, "<|nospeech|>", "<|nocaptions|>")
-        self._init_engine(engine, shape)
+        self._init_engine(engine, shape, int8)
 
     @classmethod
     def load(
-        cls, source: str | Path, name: str, dtype: torch.dtype, engine: str = FIXED_SHAPE, encoder: str = "auto"
+        cls,
+        source: str | Path,
+        name: str,
+        dtype: torch.dtype,
+        engine: str = FIXED_SHAPE,
+        encoder: str = "auto",
+        int8: bool = False,
     ) -> WhisperBackend:
         from transformers.utils import logging as hf_logging
 
@@ -79,13 +86,13 @@ class WhisperBackend(KVBackend):
             tokenizer = TextTokenizer.from_file(tokenizer_file)
         else:
             tokenizer = TextTokenizer(AutoTokenizer.from_pretrained(str(source)).backend_tokenizer)
-        backend = cls(model, tokenizer, name, engine=engine)
+        backend = cls(model, tokenizer, name, engine=engine, int8=int8)
         backend.place_encoder(place_encoder(backend, encoder))
         return backend
 
     def place_encoder(self, placement: EncoderPlacement) -> None:
         self.encoder_placement = placement
-        self.model.model.encoder.to(placement.torch_dtype)
+        place(self.model.model.encoder, placement.dtype)
 
     def prompt_ids(
         self, language: str = "en", timestamps: bool = False, previous: Sequence[int] = ()
@@ -172,6 +179,9 @@ class WhisperBackend(KVBackend):
 
     def _output_weight(self) -> torch.Tensor:
         return self.model.proj_out.weight
+
+    def _decoder_layers(self) -> torch.nn.Module:
+        return self.model.model.decoder
 
     def _self_attention_cache(self, state: DecoderState):
         return state.cache.self_attention_cache

@@ -17,12 +17,14 @@ import torch
 
 from asyncspec.models.base import DecoderState
 from asyncspec.models.fixed_shape import CallShape, FixedShapeEngine, StaticKV
+from asyncspec.models.int8_linear import Int8Linear, quantize_linears
 from asyncspec.models.tokenizer import TextTokenizer
 
 FIXED_SHAPE = "fixed-shape"
 TRANSFORMERS = "transformers"
 ENGINES = (FIXED_SHAPE, TRANSFORMERS)
 DEFAULT_WIDTH = 8  # rows of every target call: root + up to 7 candidates
+DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float32: "fp32", torch.float16: "fp16"}
 
 
 class KVBackend:
@@ -37,6 +39,9 @@ class KVBackend:
     dtype: torch.dtype
     engine: FixedShapeEngine | None = None  # None: the transformers engine
     invariance = None  # selftest.InvarianceReport once checked (models/selftest.py)
+    # int8 weights (models/int8_linear.py): the decoder's linears and the output projection
+    output_int8: Int8Linear | None = None
+    precision_choice: Any = None  # precision_choice.PrecisionChoice when loaded with dtype "auto"
 
     # The model family's parts (hf_causal.py, hf_whisper.py), declared here so the shared code is checked.
     def _default_shape(self) -> CallShape:
@@ -54,13 +59,42 @@ class KVBackend:
     def _output_weight(self) -> torch.Tensor:
         raise NotImplementedError
 
-    def _init_engine(self, engine: str, shape: CallShape | None) -> None:
+    def _decoder_layers(self) -> torch.nn.Module:  # the module whose linears int8 replaces
+        raise NotImplementedError
+
+    def _init_engine(self, engine: str, shape: CallShape | None, int8: bool = False) -> None:
         if engine not in ENGINES:
             raise ValueError(f"unknown engine {engine!r}; choose one of {', '.join(ENGINES)}")
+        if int8:
+            if self.dtype != torch.float32:
+                raise ValueError("int8 weights are quantized from an fp32 model (norms and attention stay fp32)")
+            quantize_linears(self._decoder_layers())
+            self.output_int8 = Int8Linear(self._output_weight(), None)
         if engine == FIXED_SHAPE:
             shape = shape or self._default_shape()
             self.max_length = min(self.max_length, shape.capacity)
-            self.engine = FixedShapeEngine(self._block_forward(), self._output_weight(), shape)
+            self.engine = FixedShapeEngine(self._block_forward(), self._project, shape)
+
+    def _project(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Final hidden states [..., D] -> logits [..., V]."""
+        if self.output_int8 is not None:
+            return self.output_int8(hidden)
+        return torch.nn.functional.linear(hidden, self._output_weight())
+
+    def describe(self) -> str:
+        """One line for a user: the model, its precision and why, the encoder's placement."""
+        parts = [f"{self.name} {self.precision}"]
+        if self.precision_choice is not None:
+            parts.append(self.precision_choice.summary())
+        placement = getattr(self, "encoder_placement", None)
+        if placement is not None:
+            parts.append(placement.summary())
+        return "; ".join(parts)
+
+    @property
+    def precision(self) -> str:
+        """What the decoder's weights compute in: "int8", or the float dtype's name."""
+        return "int8" if self.output_int8 is not None else DTYPE_NAMES.get(self.dtype, str(self.dtype))
 
     @property
     def engine_name(self) -> str:
@@ -108,7 +142,7 @@ class KVBackend:
         if self.engine is not None:
             raw = self.engine.run(state.cache, state.length, tokens, prefill)
         else:
-            raw = torch.nn.functional.linear(self._hidden(state, torch.tensor([tokens]))[0], self._output_weight())
+            raw = self._project(self._hidden(state, torch.tensor([tokens]))[0])
         logits = raw.float()
         self._apply_rules(state, tokens, logits)
         state.tokens.extend(tokens)

@@ -12,11 +12,18 @@ from asyncspec.models.base import Decoder
 from asyncspec.models.offline import REGISTRY, is_prepared, prepare
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp16": torch.float16}
+INT8 = "int8"  # int8 weights and per-row int8 activations over an fp32 model (models/int8_linear.py)
+AUTO = "auto"  # int8 or bf16, the faster on this machine (models/precision_choice.py)
+PRECISIONS = (*DTYPES, INT8, AUTO)
 
 
 def parse_dtype(name: str) -> torch.dtype:
+    """The float dtype a model is loaded in (int8 weights are quantized from fp32; "auto" is
+    resolved by load_decoder first)."""
+    if name == INT8:
+        return torch.float32
     if name not in DTYPES:
-        raise InputError(f"unknown dtype {name!r}; choose one of {', '.join(DTYPES)}")
+        raise InputError(f"unknown dtype {name!r}; choose one of {', '.join(PRECISIONS)}")
     return DTYPES[name]
 
 
@@ -52,12 +59,24 @@ def load_decoder(
 ) -> Decoder:
     """A target gets the fixed-shape engine (the default); a drafter may take `engine="transformers"`,
     whose one-token steps cost less and whose output need not be exact. A speech model's `encoder`
-    is "auto" (dtype and threads measured on this machine), "fp32" or "bf16"."""
+    is "auto" (dtype and threads measured on this machine), "fp32", "bf16" or "int8". `dtype`
+    "int8" gives the decoder int8 weights (the fixed-shape engine stays exact: int8_linear.py)."""
     from asyncspec.models.hf_causal import CausalLMBackend
     from asyncspec.models.hf_whisper import WhisperBackend
 
-    torch_dtype = parse_dtype(dtype) if isinstance(dtype, str) else dtype
     source, family = resolve_source(name)
+    choice = None
+    if dtype == AUTO:
+        from asyncspec.models.precision_choice import choose_precision
+
+        choice = choose_precision(source) if Path(source).is_dir() else None
+        dtype = choice.dtype if choice is not None else "bf16"  # a hub id: nothing local to measure
+    torch_dtype = parse_dtype(dtype) if isinstance(dtype, str) else dtype
+    int8 = dtype == INT8
+    backend: Decoder
     if family == "whisper":
-        return WhisperBackend.load(source, name=name, dtype=torch_dtype, engine=engine, encoder=encoder)
-    return CausalLMBackend.load(source, name=name, dtype=torch_dtype, engine=engine)
+        backend = WhisperBackend.load(source, name=name, dtype=torch_dtype, engine=engine, encoder=encoder, int8=int8)
+    else:
+        backend = CausalLMBackend.load(source, name=name, dtype=torch_dtype, engine=engine, int8=int8)
+    backend.precision_choice = choice
+    return backend

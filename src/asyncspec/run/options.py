@@ -36,11 +36,17 @@ def add_decoding_options(parser: argparse.ArgumentParser, default_model: str | N
     parser.add_argument(
         "--chunk-s", type=float, default=None, help="as2d: seconds of audio per chunk (default: deployed, else 4)"
     )
-    parser.add_argument("--dtype", default="bf16", choices=["bf16", "fp32", "fp16"])
+    parser.add_argument(
+        "--dtype",
+        default="bf16",
+        choices=["bf16", "fp32", "fp16", "int8", "auto"],
+        help="the target's precision: int8 weights with per-row int8 activations (exact at every width "
+        "on every x86 CPU), a float dtype, or auto (int8 or bf16, the faster here, measured once)",
+    )
     parser.add_argument(
         "--encoder",
         default="auto",
-        choices=["auto", "fp32", "bf16"],
+        choices=["auto", "fp32", "bf16", "int8"],
         help="speech models: the encoder's dtype (auto: the faster on this machine, measured once and cached)",
     )
     parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")

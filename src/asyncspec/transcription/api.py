@@ -63,8 +63,9 @@ class Transcriber:
     """Whisper long-form transcription on the fixed-shape target engine.
 
     method: "as2d" (default), "target", "sd" or "specasr", or several (the first is the default of
-    `transcribe`; target-only is always available). dtype: the target decoder's ("bf16" or
-    "fp32"); encoder: "auto" (placed by measurement on this machine), "fp32" or "bf16". As²d's
+    `transcribe`; target-only is always available). dtype: the target decoder's ("auto": int8 or
+    bf16, the faster on this machine; "int8", "bf16" or "fp32"); encoder: "auto" (placed by
+    measurement on this machine), "fp32", "bf16" or "int8". As²d's
     producer: `producer_model` over `chunk_s` chunks, `budget` candidates per verification;
     sd/specasr's prefix-conditioned `drafter`."""
 
@@ -73,7 +74,7 @@ class Transcriber:
         model: str = "whisper-base",
         method: str | Sequence[str] = "as2d",
         *,
-        dtype: str = "bf16",
+        dtype: str = "auto",
         encoder: str = "auto",
         producer_model: str = "whisper-tiny.en",
         chunk_s: float | None = None,

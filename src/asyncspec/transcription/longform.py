@@ -8,6 +8,15 @@ per window, best of `best_of`; a window the model finds silent (no-speech probab
 threshold and unlikely text) is skipped and counted. Its complete segments are kept and the next
 window starts at the last complete timestamp, so a window boundary never cuts speech.
 
+One rule differs from openai-whisper's and faster-whisper's: where a window's output is complete
+(it ends on a lone timestamp, or has no timestamp pair) they move on by the whole window, on the
+model's word that the rest is silent. Greedy Whisper base often stops early there (measured on the
+long-form set: "signifying nothing.<|2.00|>" then end-of-text, with 27 s of speech after it), and
+that speech is lost without a trace. So the next window starts at the end of the last segment
+instead, when that is more than EARLY_END_S before the window's end and at least MIN_PROGRESS_S
+after its start (`resume_after_early_end`, on by default; off gives the reference rule). Silence
+costs one more window; speech is never skipped.
+
 The decode method only ever sees a `DecodeRequest` and a `DecodeConfig`, so target-only and every
 speculative method run this loop identically; greedy windows and positional samples are the same
 tokens under every method, and so are the seeks, prompts and segments that follow from them.
@@ -28,6 +37,8 @@ from asyncspec.transcription.segments import FRAMES_PER_SECOND, Segment, split_b
 
 SAMPLES_PER_FRAME = SAMPLE_RATE // FRAMES_PER_SECOND
 WINDOW_FRAMES = 30 * FRAMES_PER_SECOND
+EARLY_END_S = 1.0  # a complete window whose last segment ends this much before its end resumes there
+MIN_PROGRESS_S = 1.0  # ... if that is this far past its start (no crawl through a noisy stretch)
 DEFAULT_TEMPERATURES = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
 
 # (request, config, seek_s, end_s) -> the method's result for that window
@@ -47,6 +58,7 @@ class LongformOptions:
     condition_on_previous_text: bool = True
     prompt_reset_on_temperature: float = 0.5
     seed: int = 0
+    resume_after_early_end: bool = True  # see the module docstring; False: Whisper's reference seek
 
 
 @dataclass
@@ -71,6 +83,7 @@ class WindowOutcome:
     skipped: bool  # judged silent: nothing kept
     segments: list[Segment] = field(default_factory=list)
     next_seek: int = 0
+    resumed_early: bool = False  # the next window starts at this one's last segment, not its end
 
     @property
     def fell_back(self) -> bool:
@@ -103,6 +116,8 @@ def transcribe_windows(
             outcome.next_seek = seek + frames
         else:
             outcome.segments, outcome.next_seek = _segments(target, outcome, segment_id)
+            if options.resume_after_early_end and seek + frames < content_frames:
+                _resume_after_early_end(outcome)
             segment_id += len(outcome.segments)
             history += [t for segment in outcome.segments for t in segment.tokens]
         if not options.condition_on_previous_text or chosen.temperature > options.prompt_reset_on_temperature:
@@ -180,6 +195,17 @@ def _choose(attempts: list[Attempt], options: LongformOptions) -> Attempt:
         best.compression_ratio,
         best.no_speech_prob,
     )
+
+
+def _resume_after_early_end(outcome: WindowOutcome) -> None:
+    """A complete window that ended early: the next one starts at its last segment's end."""
+    window_end = outcome.seek + outcome.frames
+    if outcome.next_seek != window_end or not outcome.segments:
+        return  # an unfinished window already resumes at its last complete timestamp
+    last_end = round(outcome.segments[-1].end * FRAMES_PER_SECOND)
+    early = window_end - last_end >= EARLY_END_S * FRAMES_PER_SECOND
+    if early and last_end - outcome.seek >= MIN_PROGRESS_S * FRAMES_PER_SECOND:
+        outcome.next_seek, outcome.resumed_early = last_end, True
 
 
 def _is_silent(attempt: Attempt, options: LongformOptions) -> bool:

@@ -1,0 +1,148 @@
+"""int8 linears whose every output row is a function of its input row alone, on every x86 CPU.
+
+Float matrix kernels pick their blocking from the call's shape, so a row's bits can depend on the
+rows around it (models/fixed_shape.py); integer products cannot. Each step here is per row or per
+element, and each is exact or exactly rounded:
+
+- the weight is quantized once, per output channel: w ~ w_q[n] * w_scale[n], w_q in [-127, 127];
+- an input row x is quantized by its own absmax: s = max|x| / 127 (max is order-free), then
+  x_q = round(x / s) (one correctly rounded division and a round per element);
+- x_q @ w_q^T accumulates int8 x int8 in int32: integer sums are exact in any order, blocking or
+  batch (|sum| <= K * 127^2 < 2^31 for K < 133,000);
+- y = acc * s * w_scale[n] + b, one correctly rounded multiply or add per element, each its own
+  kernel so no fused multiply-add can round differently in a vector body and its scalar tail.
+
+Never per-tensor dynamic quantization (`torch.ao.quantization.quantize_dynamic`): its scale is the
+whole call's absmax, so a row's output would depend on the other rows of the call.
+
+`torch._int_mm` takes the weight as [K, N]; at some shapes the transposed view of an [N, K] tensor
+is faster (Whisper's 51,865-row output projection: 4.2 ms against 7.3 ms on a 2-core AMD EPYC),
+at others the contiguous [K, N]. The integers are the same either way, so each linear keeps the
+layout measured faster at load.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+QMAX = 127  # symmetric: -128 is never produced, so no product needs its asymmetric range
+# Without VNNI (AVX2), oneDNN adds u8 x s8 products in saturating int16 pairs, the signed input
+# shifted by 128: 2 * 255 * 127 overflows, 2 * 255 * 63 = 32,130 does not. So on such a CPU the
+# weights use 7 bits (measured by `weight_range`), as FBGEMM's reduce_range does.
+REDUCED_WEIGHT_QMAX = 63
+TINY = 1e-30  # an all-zero row has scale TINY and quantizes to zeros
+TIMING_ROWS = 8  # the decoding width: the call every linear runs most
+_LAYOUTS: dict[tuple[int, int], str] = {}  # (N, K) -> "kn" or "nk", measured once per process
+
+
+def quantize_rows(x: torch.Tensor, qmax: int = QMAX) -> tuple[torch.Tensor, torch.Tensor]:
+    """x float [M, K] -> (int8 [M, K] in [-qmax, qmax], fp32 scale [M, 1]); row m depends on x[m] alone."""
+    x = x.float()
+    scale = x.abs().amax(dim=1, keepdim=True).clamp(min=TINY) / qmax
+    return torch.round(x / scale).clamp(-qmax, qmax).to(torch.int8), scale
+
+
+_WEIGHT_RANGE: list[int] = []  # measured once per process
+
+
+def weight_range() -> int:
+    """The largest weight magnitude whose products torch._int_mm sums exactly on this CPU: 127, or
+    REDUCED_WEIGHT_QMAX where full-range products saturate (then 127 again if neither is exact,
+    and the self-test fails the target)."""
+    if not _WEIGHT_RANGE:
+        exact = products_exact(512, 64, weight_max=QMAX)
+        reduced = not exact and products_exact(512, 64, weight_max=REDUCED_WEIGHT_QMAX)
+        _WEIGHT_RANGE.append(REDUCED_WEIGHT_QMAX if reduced else QMAX)
+    return _WEIGHT_RANGE[0]
+
+
+class Int8Linear(torch.nn.Module):
+    """A drop-in for `nn.Linear` (input of any float dtype, output fp32)."""
+
+    weight_q: torch.Tensor
+    weight_scale: torch.Tensor
+    bias: torch.Tensor | None
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, layout: str | None = None):
+        super().__init__()
+        quantized, scale = quantize_rows(weight.detach(), weight_range())
+        self.out_features, self.in_features = weight.shape
+        self.register_buffer("weight_scale", scale.reshape(1, -1))  # [1, N]
+        self.register_buffer("bias", None if bias is None else bias.detach().float().reshape(1, -1))
+        self.layout = layout or measured_layout(quantized)
+        # "kn": a contiguous [K, N] tensor; "nk": the [N, K] tensor, passed as its transposed view
+        self.register_buffer("weight_q", quantized.t().contiguous() if self.layout == "kn" else quantized)
+
+    @classmethod
+    def from_linear(cls, linear: torch.nn.Linear) -> Int8Linear:
+        return cls(linear.weight, linear.bias)
+
+    def integer_products(self, x_q: torch.Tensor) -> torch.Tensor:
+        """int8 [M, K] -> int32 [M, N]."""
+        weight = self.weight_q if self.layout == "kn" else self.weight_q.t()
+        return torch._int_mm(x_q, weight)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        leading = x.shape[:-1]
+        x_q, scale = quantize_rows(x.reshape(-1, self.in_features))
+        y = self.integer_products(x_q).float()
+        y = y * scale
+        y = y * self.weight_scale
+        if self.bias is not None:
+            y = y + self.bias
+        return y.reshape(*leading, self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, int8, layout={self.layout}"
+
+
+def measured_layout(quantized: torch.Tensor) -> str:
+    """The faster weight layout for torch._int_mm at the decoding width, for this [N, K] shape."""
+    key = (quantized.shape[0], quantized.shape[1])
+    if key not in _LAYOUTS:
+        probe = torch.ones(TIMING_ROWS, quantized.shape[1], dtype=torch.int8)
+        candidates = {"kn": quantized.t().contiguous(), "nk": quantized}
+        timings = {}
+        for name, weight in candidates.items():
+            operand = weight if name == "kn" else weight.t()
+            torch._int_mm(probe, operand)  # warm-up: the kernel is chosen on the first call
+            start = time.perf_counter()
+            for _ in range(3):
+                torch._int_mm(probe, operand)
+            timings[name] = time.perf_counter() - start
+        _LAYOUTS[key] = min(timings, key=timings.__getitem__)
+    return _LAYOUTS[key]
+
+
+def quantize_linears(module: torch.nn.Module) -> int:
+    """Replace every nn.Linear inside `module` by an Int8Linear, in place; returns how many."""
+    replaced = 0
+    for name, child in list(module.named_children()):
+        if isinstance(child, torch.nn.Linear):
+            setattr(module, name, Int8Linear.from_linear(child))
+            replaced += 1
+        else:
+            replaced += quantize_linears(child)
+    return replaced
+
+
+def products_exact(
+    k: int, n: int, rows: int = TIMING_ROWS, seed: int = 0, matmul=None, weight_max: int | None = None
+) -> bool:
+    """Does torch._int_mm (or `matmul`) compute exact int32 sums here, at the extremes (inputs
+    +-127, weights +-weight_max, by default the range in use: where a kernel that pairs products
+    into int16 would saturate)? Checked against float64, exact below 2^53, in both weight layouts."""
+    matmul = matmul or torch._int_mm
+    w_max = weight_max if weight_max is not None else weight_range()
+    generator = torch.Generator().manual_seed(seed)
+    x = torch.randint(-QMAX, QMAX + 1, (rows, k), generator=generator, dtype=torch.int8)
+    w = torch.randint(-w_max, w_max + 1, (n, k), generator=generator, dtype=torch.int8)
+    x[0] = QMAX
+    x[1] = -QMAX
+    w[0] = w_max
+    w[1] = -w_max
+    reference = x.double() @ w.double().t()
+    results = [matmul(x, w.t().contiguous()), matmul(x, w.t())]
+    return all(torch.equal(result.double(), reference) for result in results)

@@ -1,0 +1,125 @@
+"""`--dtype auto`: the target decoder's precision, int8 or bf16, chosen by measurement on this CPU.
+
+Attention, norms and softmax run in fp32 in both (models/fixed_shape.py), so the two differ in
+the linears alone: the decoder's layer shapes and the output projection at the decoding width.
+Those are timed here on random weights of the model's shapes (the model itself is loaded once,
+in the chosen precision). bf16 wins where the CPU has native bf16 and slow int8 paths; int8
+wins where bf16 is emulated (a CPU without avx512_bf16 or AMX), and here on an AMD EPYC with
+both. int8 is a candidate only if its integer products are exact on this CPU. The choice is
+cached per machine (CPU model and flags, ISA caps, torch version, threads, shapes).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from asyncspec.models.int8_linear import TIMING_ROWS, Int8Linear, products_exact
+
+REPEATS = 5
+
+
+@dataclass(frozen=True)
+class PrecisionChoice:
+    dtype: str  # "int8" or "bf16"
+    measured_ms: dict[str, float]  # candidate -> ms of one call's linears at the decoding width
+    int8_exact: bool
+    cached: bool = False
+
+    def summary(self) -> str:
+        timings = ", ".join(f"{k} {v:.1f} ms" for k, v in self.measured_ms.items())
+        why = "" if self.int8_exact else "; int8 products are not exact on this CPU"
+        return f"dtype auto: {self.dtype} (one call's linears at {TIMING_ROWS} rows: {timings}{why})"
+
+
+def linear_shapes(config: dict) -> list[tuple[int, int]]:
+    """[N, K] of every linear one decoding call runs: the layers' and the output projection."""
+    if config.get("model_type") == "whisper":
+        d, ffn, layers = config["d_model"], config["decoder_ffn_dim"], config["decoder_layers"]
+        per_layer = [(d, d)] * 6 + [(ffn, d), (d, ffn)]  # self q k v out, cross q out, MLP
+    else:
+        d, ffn, layers = config["hidden_size"], config["intermediate_size"], config["num_hidden_layers"]
+        heads = config["num_attention_heads"]
+        head_dim = config.get("head_dim") or d // heads
+        kv = config.get("num_key_value_heads", heads) * head_dim
+        per_layer = [(heads * head_dim, d), (kv, d), (kv, d), (d, heads * head_dim), (ffn, d), (ffn, d), (d, ffn)]
+    return per_layer * layers + [(config["vocab_size"], d)]
+
+
+@torch.inference_mode()
+def time_linears(shapes: list[tuple[int, int]]) -> dict[str, float]:
+    """ms of one pass over every shape at the decoding width, per candidate (median of REPEATS)."""
+    generator = torch.Generator().manual_seed(0)
+    distinct = sorted(set(shapes))
+    weights = {shape: torch.randn(*shape, generator=generator) * 0.02 for shape in distinct}
+    count = {shape: shapes.count(shape) for shape in distinct}
+    candidates = {
+        "int8": {shape: Int8Linear(w, None) for shape, w in weights.items()},
+        "bf16": {shape: _bf16_linear(w) for shape, w in weights.items()},
+    }
+    timings = {}
+    for name, layers in candidates.items():
+        total = 0.0
+        for shape, layer in layers.items():
+            x = torch.randn(TIMING_ROWS, shape[1], generator=generator)
+            layer(x)  # warm-up: the kernel is chosen on the first call
+            passes = []
+            for _ in range(REPEATS):
+                start = time.perf_counter()
+                layer(x)
+                passes.append(time.perf_counter() - start)
+            total += sorted(passes)[REPEATS // 2] * count[shape]
+        timings[name] = round(1000 * total, 2)
+    return timings
+
+
+def _bf16_linear(weight: torch.Tensor):
+    weight = weight.to(torch.bfloat16)
+    return lambda x: torch.nn.functional.linear(x.to(torch.bfloat16), weight)
+
+
+def choose_precision(model_dir: str | Path) -> PrecisionChoice:
+    """The faster of int8 and bf16 for the model in `model_dir` on this machine (cached)."""
+    config = json.loads((Path(model_dir) / "config.json").read_text())
+    shapes = linear_shapes(config)
+    path = _cache_file(shapes)
+    cached = _read(path)
+    if cached is not None:
+        return cached
+    exact = all(products_exact(k, n) for n, k in sorted(set(shapes)))
+    timings = time_linears(shapes)
+    dtype = "int8" if exact and timings["int8"] <= timings["bf16"] else "bf16"
+    choice = PrecisionChoice(dtype, timings, exact)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(asdict(choice)))
+    return choice
+
+
+def _cache_file(shapes: list[tuple[int, int]]) -> Path:
+    from asyncspec.models.offline import cache_root
+    from asyncspec.models.selftest import ISA_VARIABLES, cpu_identity
+
+    key = {
+        "cpu": cpu_identity(),
+        "isa_caps": {name: os.environ.get(name, "") for name in ISA_VARIABLES},
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "shapes": shapes,
+    }
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:24]
+    return cache_root() / "precision" / f"{digest}.json"
+
+
+def _read(path: Path) -> PrecisionChoice | None:
+    if not path.is_file():
+        return None
+    try:
+        return PrecisionChoice(**{**json.loads(path.read_text()), "cached": True})
+    except (ValueError, TypeError):
+        return None  # a damaged entry is measured again
