@@ -10,6 +10,7 @@ Two engines run the same weights:
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -73,13 +74,13 @@ class KVBackend:
         if engine == FIXED_SHAPE:
             shape = shape or self._default_shape()
             self.max_length = min(self.max_length, shape.capacity)
-            self.engine = FixedShapeEngine(self._block_forward(), self._project, shape)
+            self.engine = FixedShapeEngine(self._block_forward(), self._projection(), shape)
 
-    def _project(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Final hidden states [..., D] -> logits [..., V]."""
+    def _projection(self):
+        """Final hidden states [..., D] -> logits [..., V]: the int8 or the float output linear."""
         if self.output_int8 is not None:
-            return self.output_int8(hidden)
-        return torch.nn.functional.linear(hidden, self._output_weight())
+            return self.output_int8
+        return functools.partial(torch.nn.functional.linear, weight=self._output_weight())
 
     def describe(self) -> str:
         """One line for a user: the model, its precision and why, the encoder's placement."""
@@ -142,7 +143,7 @@ class KVBackend:
         if self.engine is not None:
             raw = self.engine.run(state.cache, state.length, tokens, prefill)
         else:
-            raw = self._project(self._hidden(state, torch.tensor([tokens]))[0])
+            raw = self._projection()(self._hidden(state, torch.tensor([tokens]))[0])
         logits = raw.float()
         self._apply_rules(state, tokens, logits)
         state.tokens.extend(tokens)
