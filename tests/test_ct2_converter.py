@@ -139,7 +139,7 @@ def test_malformed_files_are_rejected(tmp_path, mutate, message):
 def test_converted_models_match_ctranslate2_tokens(name):
     """fp32 transformers decoding of the converted weights = CTranslate2's own greedy tokens."""
     reference = json.loads(REFERENCE.read_text())["tokens"][name]
-    decoder = load_decoder(name, torch.float32)
+    decoder = load_decoder(name, torch.float32, encoder="fp32")  # fp32 through and through
     for clip in librivox_clips():
         request = decoder.request(load_audio(clip.path))
         result = decode_target_only(decoder, None, request)

@@ -22,7 +22,8 @@ def test_placement_is_measured_cached_and_applied(tmp_path, monkeypatch):
     assert not first.cached and set(first.measured_ms) == {
         f"{d}x{t}" for d in ("fp32", "bf16", "int8") for t in thread_candidates()
     }
-    assert (first.dtype, first.threads) == fastest(first.measured_ms)
+    floats = {k: v for k, v in first.measured_ms.items() if not k.startswith("int8")}
+    assert (first.dtype, first.threads) == fastest(floats)  # int8 is used only when asked for
     again = place_encoder(target)
     assert again.cached and again.measured_ms == first.measured_ms and again.dtype == first.dtype
     pinned = place_encoder(target, "fp32")
