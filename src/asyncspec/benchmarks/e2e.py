@@ -12,7 +12,6 @@ import os
 import sys
 from contextlib import ExitStack
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from asyncspec.audio import SAMPLE_RATE
 from asyncspec.benchmarks.e2e_files import FILE_SETS, BenchFile, bench_files
@@ -25,9 +24,6 @@ from asyncspec.benchmarks.e2e_whispercpp import PYWHISPERCPP_HINT
 from asyncspec.benchmarks.e2e_whispercpp import available as whispercpp_installed
 from asyncspec.errors import InputError
 from asyncspec.text_metrics import word_errors, word_recall
-
-if TYPE_CHECKING:  # the check imports torch: not while the command line is only being parsed
-    pass
 
 HELP = "audio file to text: asyncspec target-only and As²d vs faster-whisper int8/float32 and whisper.cpp, same weights"
 ASYNCSPEC_SYSTEMS = ("target", "as2d")

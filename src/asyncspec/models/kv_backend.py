@@ -74,10 +74,12 @@ class KVBackend:
         if engine == FIXED_SHAPE:
             shape = shape or self._default_shape()
             self.max_length = min(self.max_length, shape.capacity)
-            self.engine = FixedShapeEngine(self._block_forward(), self._projection(), shape)
+            self.engine = FixedShapeEngine(self._block_forward(), self.project, shape)
 
-    def _projection(self):
-        """Final hidden states [..., D] -> logits [..., V]: the int8 or the float output linear."""
+    @functools.cached_property
+    def project(self):
+        """Final hidden states [..., D] -> logits [..., V]: the int8 or the float output linear
+        (built after _init_engine has quantized, and kept)."""
         if self.output_int8 is not None:
             return self.output_int8
         return functools.partial(torch.nn.functional.linear, weight=self._output_weight())
@@ -143,7 +145,7 @@ class KVBackend:
         if self.engine is not None:
             raw = self.engine.run(state.cache, state.length, tokens, prefill)
         else:
-            raw = self._projection()(self._hidden(state, torch.tensor([tokens]))[0])
+            raw = self.project(self._hidden(state, torch.tensor([tokens]))[0])
         logits = raw.float()
         self._apply_rules(state, tokens, logits)
         state.tokens.extend(tokens)

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -103,15 +102,9 @@ def choose_precision(model_dir: str | Path) -> PrecisionChoice:
 
 def _cache_file(shapes: list[tuple[int, int]]) -> Path:
     from asyncspec.models.offline import cache_root
-    from asyncspec.models.selftest import ISA_VARIABLES, cpu_identity
+    from asyncspec.models.selftest import machine_identity
 
-    key = {
-        "cpu": cpu_identity(),
-        "isa_caps": {name: os.environ.get(name, "") for name in ISA_VARIABLES},
-        "torch": torch.__version__,
-        "threads": torch.get_num_threads(),
-        "shapes": shapes,
-    }
+    key = machine_identity() | {"shapes": shapes}
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:24]
     return cache_root() / "precision" / f"{digest}.json"
 

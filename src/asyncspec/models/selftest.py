@@ -169,12 +169,19 @@ def probe_prompt(backend) -> list[int]:
 # ------------------------------------------------------------------ the verdict, cached per machine
 
 
-def machine_key(backend) -> dict:
+def machine_identity() -> dict:
+    """What a per-machine measurement depends on besides the model: CPU model and flags, ISA caps,
+    torch version and threads."""
     return {
         "cpu": cpu_identity(),
         "isa_caps": {name: os.environ.get(name, "") for name in ISA_VARIABLES},
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
+    }
+
+
+def machine_key(backend) -> dict:
+    return machine_identity() | {
         "model": backend.name,
         "weights": _weights_fingerprint(backend),
         "dtype": _precision_key(backend),
