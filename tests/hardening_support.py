@@ -5,6 +5,8 @@ normal request still succeeds and equals target-only decoding after hostile inpu
 from __future__ import annotations
 
 import os
+import threading
+import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -105,3 +107,31 @@ def normal_request_is_exact(live: LiveServices, target, expected: list[int] | No
 
 def rss_mib() -> float:
     return psutil.Process(os.getpid()).memory_info().rss / 2**20
+
+
+@contextmanager
+def served(app, max_requests: int = 64, limits=None):
+    """The base URL of `app` served as the services serve it (httpserve.GuardedServer: the connection
+    guard in front of uvicorn) on a free loopback port, over real sockets; stopped on exit."""
+    from asyncspec.httpguard import bind_listening_socket
+    from asyncspec.httpserve import GuardedServer
+
+    listening = bind_listening_socket("127.0.0.1", 0)
+    port = listening.getsockname()[1]
+    with running_in_thread(GuardedServer(app, listening, max_requests, limits)):
+        yield f"http://127.0.0.1:{port}"
+
+
+@contextmanager
+def running_in_thread(server):
+    """A uvicorn-like server (`run`, `started`, `should_exit`) in a daemon thread, until the block ends."""
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not server.started and time.monotonic() < deadline:
+        time.sleep(0.02)
+    try:
+        yield server
+    finally:
+        server.should_exit = True
+        thread.join(10)

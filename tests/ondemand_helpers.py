@@ -4,8 +4,6 @@ real uvicorn server on a free loopback port, in a thread."""
 from __future__ import annotations
 
 import socket
-import threading
-import time
 from contextlib import contextmanager
 
 import uvicorn
@@ -13,6 +11,7 @@ import uvicorn
 from asyncspec.ondemand.engine import Engine
 from asyncspec.ondemand.ingest import Ingestor, LatestWindow
 from asyncspec.ondemand.prepared_state import Preparer
+from hardening_support import running_in_thread
 
 
 def make_engine(target, blocks=None, window_s: float = 4.0, max_queue: int = 4, start: bool = True) -> Engine:
@@ -38,16 +37,8 @@ def running_server(app):
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not server.started and time.monotonic() < deadline:
-        time.sleep(0.02)
-    try:
+    with running_in_thread(server):
         yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
 
 
 def raw_request(base_url: str, payload: bytes, read: bool = True, hang_up: bool = False) -> bytes:

@@ -150,3 +150,52 @@ def test_real_qwen_05b_rows_are_call_invariant(dtype):
     request = decoder.request("def is_prime(n: int) -> bool:\n    ")
     tokens = decoder.tokenizer.encode('"""Return True if n is prime."""\n    if n < 2:\n        return False\n')
     assert_partitions_bitwise_equal(decoder, request, tokens, trials=2, seed=2)
+
+
+class ThreadDependentForward(ShapeDependentForward):
+    """A deliberately broken engine whose hidden states follow the thread count (as a kernel that
+    splits a reduction across threads would): every call shape agrees at one count, not across two."""
+
+    def __call__(self, cache, ids, start, real_rows):
+        return self.inner(cache, ids, start, real_rows) + 1e-3 * torch.get_num_threads()
+
+
+def test_self_test_compares_a_second_thread_count_and_catches_a_thread_dependent_engine():
+    from asyncspec.transcription.api import decode_threads
+
+    torch.set_num_threads(1)
+    good = tiny_whisper(torch.float32, seed=8)
+    report = check_invariance(good, wide_threads=2)
+    assert report.passed and report.wide_threads == 2 and report.wide_equal, report.summary()
+    assert report.may_use(1) and report.may_use(2) and not report.may_use(3)
+    good.invariance = report
+    assert decode_threads(good, threads=1, solo_threads=2) == (1, 2)
+
+    bad = tiny_whisper(torch.float32, seed=8)
+    bad.engine.forward = ThreadDependentForward(bad.engine.forward)
+    report = check_invariance(bad, wide_threads=2)
+    assert report.passed and report.wide_equal is False, report.summary()  # equal at one count only
+    assert "at 2 threads DIFFERENT" in report.summary() and not report.may_use(2)
+    bad.invariance = report
+    assert decode_threads(bad, threads=1, solo_threads=2) == (1, 1)  # alone it stays on one thread
+    assert torch.get_num_threads() == 1
+
+
+def test_prefill_projects_only_the_wanted_prompt_rows_and_they_equal_a_full_projection():
+    whisper = tiny_whisper(torch.float32, seed=9)
+    request = whisper.request(synthetic_speech(1.0, seed=9), previous=list(range(300, 370)))
+    prompt = list(request.prompt_ids)
+    wanted = [0, 5, len(prompt) - 2, len(prompt) - 1]  # the last one is the first decoding row
+    encoded = whisper.encode_audio(request.audio)
+    state = whisper._new_state(len(prompt), encoded)
+    rows = whisper.prefill_tokens(state, prompt, len(prompt), wanted=wanted)
+    assert rows.shape == (len(wanted), whisper.vocab_size) and state.length == len(prompt)
+    # every prompt row projected, in 8-row blocks (so close to, not bitwise, the 32-row blocks')
+    cache, blocks = whisper.engine.new_cache(encoded), range(0, len(prompt), 8)
+    hidden = torch.cat([whisper.engine._block(cache, i, prompt[i : i + 8], 8)[: len(prompt) - i] for i in blocks])
+    reference = whisper.project(hidden).float()
+    for row, index in zip(rows[:-1], wanted[:-1], strict=True):
+        assert torch.allclose(row, reference[index], atol=1e-4), index  # raw: no decision rule applied
+    assert torch.equal(rows[-1], state.next_logits)  # the decoding row, with the rules
+    with pytest.raises(ValueError, match="not all inside"):
+        whisper.engine.prefill(whisper.engine.new_cache(encoded), 0, prompt[:4], wanted=[9])

@@ -142,22 +142,12 @@ def test_the_served_edge_refuses_oversized_headers(live, pair):
     """Headers are capped: 64 KiB at the connection guard (connguard.py) and 32 KiB in httpguard.Guard
     (h11's own cap misses headers that arrive at once), as `serve edge --http` serves."""
     import socket
-    import threading
-    import time
 
-    from asyncspec.httpguard import bind_listening_socket
-    from asyncspec.httpserve import GuardedServer
+    from hardening_support import served
 
-    listening = bind_listening_socket("127.0.0.1", 0)
-    port = listening.getsockname()[1]
     app = make_app(live.gateway, pair[1].tokenizer, "tiny")
-    server = GuardedServer(app, listening, 4)
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    try:
-        deadline = time.monotonic() + 20
-        while not server.started and time.monotonic() < deadline:
-            time.sleep(0.02)
+    with served(app, 4) as base_url:
+        port = int(base_url.rsplit(":", 1)[1])
         with socket.create_connection(("127.0.0.1", port), timeout=10) as connection:
             huge = b"GET /v1/models HTTP/1.1\r\nHost: x\r\nX-Filler: " + b"a" * (100 << 10) + b"\r\n\r\n"
             connection.sendall(huge)
@@ -170,9 +160,6 @@ def test_the_served_edge_refuses_oversized_headers(live, pair):
             big = b"GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Filler: " + b"a" * (40 << 10) + b"\r\n\r\n"
             connection.sendall(big)  # within the guard's cap, beyond the middleware's
             assert connection.recv(4096).startswith(b"HTTP/1.1 431")
-    finally:
-        server.should_exit = True
-        thread.join(10)
 
 
 def test_an_overloaded_edge_answers_429_with_retry_after(pair):

@@ -111,7 +111,8 @@ def test_subtitle_times_never_go_backwards_and_parse():
 
 
 class ScriptedTarget:
-    """What the long-form loop needs of a target: its rules, a tokenizer and window requests."""
+    """What the long-form loop needs of a target: its rules, a tokenizer, window requests and an
+    encoder (here one that computes nothing: the scripted decoder ignores it)."""
 
     timestamp_rules = RULES
 
@@ -124,6 +125,9 @@ class ScriptedTarget:
         from asyncspec.models.base import DecodeRequest
 
         return DecodeRequest(prompt_ids=(1,), audio=audio)
+
+    def encode_audio(self, audio):
+        return None
 
 
 # the window at each seek (s) -> its output: text ids and timestamps (<|t|> = 12 + 50 t)

@@ -198,7 +198,9 @@ def test_a_fork_bomb_hits_the_process_cap():
     if not sandbox.drops_root() and os.geteuid() == 0:
         pytest.skip("the program keeps uid 0 here, which the kernel exempts from RLIMIT_NPROC")
     outcome, seconds = bounded("import os\nfor _ in range(200):\n    os.fork()\n", 3, 30)
-    assert outcome.detail in ("failed: BlockingIOError", "timed out") and seconds < 15
+    # the class is BlockingIOError when the last stderr line is the parent's; 200 children write
+    # to the same stderr, and under load the last line can be another's fragment ("error")
+    assert outcome.detail in ("failed: BlockingIOError", "failed: error", "timed out") and seconds < 15
 
 
 def test_the_program_sees_a_fresh_proc_with_itself_as_pid_1():

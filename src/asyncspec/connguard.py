@@ -41,6 +41,12 @@ class ConnectionLimits:
     total: int = 512  # well under the default 1,024 open files
     write_stall_s: float = 60.0
     max_head_bytes: int = 64 << 10
+    # after answering, what the client still sends is read and dropped this long (or this much)
+    # before closing: closing on unread bytes resets the connection, and the reset can destroy the
+    # answer (a 413 to an oversized body) before the client reads it (RFC 9112 9.6, lingering close)
+    linger_s: float = 2.0
+    linger_bytes: int = 8 << 20
+    max_body_bytes: int | None = None  # a larger Content-Length: 413 here, nothing forwarded
 
 
 class BadRequest(Exception):
@@ -142,9 +148,25 @@ class ConnectionGuard:
         except asyncio.CancelledError:
             pass  # the server is stopping; Python 3.11's stream callback would log a cancelled task
         finally:
+            await self._close_lingering(reader, writer)
             self.open[key] -= 1
             if not self.open[key]:
                 del self.open[key]
+
+    async def _close_lingering(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        loop, received = asyncio.get_running_loop(), 0
+        deadline = loop.time() + self.limits.linger_s
+        try:
+            if writer.can_write_eof() and not writer.is_closing():
+                writer.write_eof()  # our answer is complete: the client sees the end of it
+            while received < self.limits.linger_bytes and (left := deadline - loop.time()) > 0:
+                data = await asyncio.wait_for(reader.read(CHUNK), left)
+                if not data:
+                    break
+                received += len(data)
+        except (OSError, TimeoutError, asyncio.CancelledError):
+            pass
+        finally:
             writer.close()
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -159,6 +181,10 @@ class ConnectionGuard:
             forwarded, length = body_framing(head)
         except BadRequest as error:
             return await self._answer(writer, 400, str(error))
+        cap = self.limits.max_body_bytes
+        if length is not None and cap is not None and length > cap:
+            self.refused["body too large"] += 1
+            return await self._answer(writer, 413, f"the request body exceeds {cap} bytes")
         backend_reader, backend_writer = await asyncio.open_unix_connection(self.backend_path)
         try:
             backend_writer.write(forwarded)
@@ -178,14 +204,17 @@ class ConnectionGuard:
         try:
             await asyncio.wait({body, response}, return_when=asyncio.FIRST_COMPLETED)
             if body.done() and not response.done():
-                if body.exception() is None:
+                error = body.exception()
+                if error is None:
                     watch = asyncio.create_task(_until_eof(reader))
                     await asyncio.wait({response, watch}, return_when=asyncio.FIRST_COMPLETED)
-                elif isinstance(body.exception(), TimeoutError) and not pipe.sent:
+                elif isinstance(error, TimeoutError) and not pipe.sent:
                     self.refused["body timeout"] += 1
                     await self._answer(writer, 408, f"the request body took over {self.limits.body_timeout_s:g} s")
-                elif isinstance(body.exception(), BadRequest) and not pipe.sent:
-                    await self._answer(writer, 400, str(body.exception()))
+                elif isinstance(error, BadRequest) and not pipe.sent:
+                    await self._answer(writer, 400, str(error))
+                else:  # the server stopped reading the body (it answered early: a 413): its answer goes down
+                    await asyncio.wait({response}, timeout=self.limits.write_stall_s)
         finally:
             for task in (body, response, watch):
                 if task is not None:
@@ -194,7 +223,12 @@ class ConnectionGuard:
 
     async def _answer(self, writer: asyncio.StreamWriter, status: int, message: str) -> None:
         body = error_body(message)
-        reason = {400: "Bad Request", 408: "Request Timeout", 431: "Request Header Fields Too Large"}
+        reason = {
+            400: "Bad Request",
+            408: "Request Timeout",
+            413: "Content Too Large",
+            431: "Request Header Fields Too Large",
+        }
         head = (
             f"HTTP/1.1 {status} {reason.get(status, 'Service Unavailable')}\r\ncontent-type: application/json\r\n"
             f"content-length: {len(body)}\r\nconnection: close\r\n\r\n"

@@ -23,6 +23,7 @@ from asyncspec.benchmarks.e2e_systems import (
 from asyncspec.benchmarks.e2e_whispercpp import PYWHISPERCPP_HINT
 from asyncspec.benchmarks.e2e_whispercpp import available as whispercpp_installed
 from asyncspec.errors import InputError
+from asyncspec.models.threads import available_cores
 from asyncspec.text_metrics import word_errors, word_recall
 
 HELP = "audio file to text: asyncspec target-only and As²d vs faster-whisper int8/float32 and whisper.cpp, same weights"
@@ -49,7 +50,7 @@ def add_arguments(parser) -> None:
     )
     parser.add_argument("--out", default="out", help="folder for bench_e2e.json, bench_e2e.png (and joined audio)")
     parser.add_argument("--systems", default=",".join(DEFAULT_SYSTEMS), help=f"comma list of: {', '.join(SYSTEMS)}")
-    parser.add_argument("--threads", type=int, default=_cores(), help="threads of every system (all cores)")
+    parser.add_argument("--threads", type=int, default=available_cores(), help="threads of every system (all cores)")
     parser.add_argument(
         "--order",
         default="interleaved",
@@ -78,10 +79,6 @@ def add_arguments(parser) -> None:
     parser.add_argument("--producer-model", default="whisper-tiny.en", help="as2d: the producer's recogniser")
     parser.add_argument("--chunk-s", type=float, default=None, help="as2d: seconds per chunk (default: deployed)")
     parser.add_argument("--budget", type=int, default=None, help="as2d: proposals per round (default: deployed)")
-
-
-def _cores() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def run(args) -> int:
@@ -115,7 +112,7 @@ def run(args) -> int:
 def _cold_options(args) -> list[str]:
     """`asyncspec transcribe` options that make the cold run the same configuration as the warm one."""
     options = ["--model", args.model, "--dtype", args.dtype, "--encoder", args.encoder]
-    options += ["--producer-model", args.producer_model]
+    options += ["--producer-model", args.producer_model, "--solo-threads", str(args.threads)]
     for flag, value in (("--chunk-s", args.chunk_s), ("--budget", args.budget)):
         options += [flag, str(value)] if value is not None else []
     return options
@@ -149,7 +146,7 @@ def load_systems(args, names: list[str], stack: ExitStack) -> dict:
     if asyncspec:
         methods = ("as2d", "target") if "as2d" in asyncspec else ("target",)
         options = {"dtype": args.dtype, "encoder": args.encoder, "producer_model": args.producer_model}
-        options |= {"chunk_s": args.chunk_s, "budget": args.budget}
+        options |= {"chunk_s": args.chunk_s, "budget": args.budget, "solo_threads": args.threads}
         worker = SystemWorker("asyncspec", {"model": args.model, "methods": methods, "options": options})
         stack.callback(worker.close)
         print(f"asyncspec target: {worker.ready.extras['describe']}", flush=True)

@@ -175,9 +175,9 @@ def _asyncspec_loader(model: str, methods: tuple[str, ...], options: dict):
     from asyncspec.benchmarks.e2e_systems import AsyncspecSystem
     from asyncspec.transcription.api import Transcriber
 
-    # asyncspec's share of the cores: its decoder runs on one thread (its small per-token ops
-    # only slow down on two), the producer process on another; the encoder takes the threads its
-    # measured placement chose.
+    # The Transcriber sets the decoder's threads per window (every core but the producer's while it
+    # drafts, every core once it has published the file); the encoder takes its measured
+    # placement's. The process's own count is the CLI's (one), for what runs outside a window.
     torch.set_num_threads(1)
     started = time.perf_counter()
     transcriber = Transcriber(model, methods, **options)
@@ -185,7 +185,10 @@ def _asyncspec_loader(model: str, methods: tuple[str, ...], options: dict):
         transcriber.producer.ready()
     load_s = time.perf_counter() - started
     target = transcriber.target
-    extras = {"encoder": asdict(target.encoder_placement), "describe": target.describe()}
+    extras = {
+        "encoder": asdict(target.encoder_placement),
+        "describe": f"{target.describe()}; {transcriber.describe_threads()}",
+    }
     return {method: AsyncspecSystem(method, transcriber, load_s) for method in methods}, extras, transcriber.close
 
 

@@ -12,6 +12,8 @@ import zmq
 from asyncspec.cloudedge.protocol import Message, ProtocolError, decode, encode, peek_code, request_of
 
 HIGH_WATER_MARK = 10_000  # queued frames per socket before ZeroMQ applies back-pressure
+MAX_COUNTED_PEERS = 4096  # identities with a frame count of their own (the counters stay bounded)
+OTHER_PEERS = b"(other peers)"
 
 
 @dataclass
@@ -22,6 +24,12 @@ class TrafficCounters:
     received_messages: Counter = field(default_factory=Counter)
     malformed: int = 0  # frames dropped because they did not decode
     oversized: int = 0  # ... of them, frames over their message type's byte cap (never decoded)
+    # ... of them, frames the decoder raised on instead of refusing (a ProtocolError): a decoder
+    # defect, which costs only its frame, but which the adversarial suite requires to stay 0
+    decoder_errors: int = 0
+    # frames received per peer identity (ROUTER sockets; decoded or dropped), so a test can account
+    # for one peer's frames exactly; at most MAX_COUNTED_PEERS identities, the rest under OTHER_PEERS
+    per_peer_received: Counter = field(default_factory=Counter)
     per_request_sent: Counter = field(default_factory=Counter)  # request id -> bytes
     per_request_received: Counter = field(default_factory=Counter)
 
@@ -33,9 +41,16 @@ class TrafficCounters:
             "received_messages": dict(self.received_messages),
             "malformed": self.malformed,
             "oversized": self.oversized,
+            "decoder_errors": self.decoder_errors,
             "sent_total": sum(self.sent_bytes.values()),
             "received_total": sum(self.received_bytes.values()),
         }
+
+    def count_peer(self, identity: bytes | None) -> None:
+        if identity is None:
+            return
+        known = identity in self.per_peer_received or len(self.per_peer_received) < MAX_COUNTED_PEERS
+        self.per_peer_received[identity if known else OTHER_PEERS] += 1
 
     def forget(self, request: int) -> None:
         self.per_request_sent.pop(request, None)
@@ -123,6 +138,7 @@ class Channel:
         """One waiting message (non-blocking caller: poll first); None for a dropped bad frame."""
         parts = self.socket.recv_multipart()
         identity = parts[0] if self.router else None
+        self.counters.count_peer(identity)
         if len(parts) != (2 if self.router else 1):
             self.counters.malformed += 1
             return None
@@ -140,6 +156,7 @@ class Channel:
             return None
         except Exception:  # a decoder defect must cost one frame, never the service (fuzzing found one)
             self.counters.malformed += 1
+            self.counters.decoder_errors += 1
             return None
         name = type(message).__name__
         self.counters.received_bytes[name] += len(parts[-1])

@@ -23,7 +23,15 @@ def add_transcribe(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--output-dir", metavar="DIR", help="write <name>.<format> files here")
     parser.add_argument("--output-format", default="all", help="with --output-dir: txt, srt, vtt, tsv, json or all")
     add_decoding_options(parser, "whisper-base", "whisper-tiny.en")
-    parser.set_defaults(method="as2d", dtype="auto")
+    parser.set_defaults(method="as2d", dtype="auto", threads=None)
+    parser.add_argument(
+        "--solo-threads",
+        type=int,
+        default=None,
+        help="the decoder's threads when no producer drafts beside it (target-only, or the producer has "
+        "published the whole file); default every core, used where the self-test finds equal rows "
+        "(--threads: beside the producer, default every core but one)",
+    )
     add_longform_options(parser)
 
 

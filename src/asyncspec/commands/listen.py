@@ -16,6 +16,7 @@ from asyncspec.errors import InputError
 from asyncspec.ondemand.ingest import PACES, PCM_FORMATS, AudioBlock, LatestWindow, file_blocks, pcm_blocks
 from asyncspec.run.options import add_decoding_options
 
+MULTIPART_OVERHEAD_BYTES = 64 << 10  # an upload's body: the file plus its form fields and boundaries
 HELP = "serve transcription requests over a live audio stream (or --auto: transcribe every block)"
 
 
@@ -98,7 +99,12 @@ def serve(args, methods: tuple[str, ...], target, drafters, config, blocks, http
     ingestor.start()
     print(f"asyncspec listen: http://{args.host}:{args.port} (methods {', '.join(methods)})", file=sys.stderr)
     app = create_app(engine, args.model, UploadLimits(max_bytes=args.max_upload_bytes), guard)
-    server = GuardedServer(app, listening, args.max_connections, connection_limits(args, ""))
+    server = GuardedServer(
+        app,
+        listening,
+        args.max_connections,
+        connection_limits(args, "", args.max_upload_bytes + MULTIPART_OVERHEAD_BYTES),
+    )
     died = _watch_threads(server, {"preparation": preparer.thread, "request worker": engine.thread})
     try:
         server.run()

@@ -109,14 +109,17 @@ def add_connection_options(parser: argparse.ArgumentParser, prefix: str, body_ti
     parser.add_argument(f"{prefix}max-per-address", type=int, default=32, help="open connections per client address")
 
 
-def connection_limits(args, prefix: str):
+def connection_limits(args, prefix: str, max_body_bytes: int | None = None):
+    """The guard's limits; a body whose Content-Length exceeds max_body_bytes gets its 413 from the
+    guard, before any of it is forwarded (an app that answers mid-body makes the server reset the
+    connection, and the reset can destroy the answer)."""
     from asyncspec.connguard import ConnectionLimits
 
     head, body = getattr(args, f"{prefix}header_timeout"), getattr(args, f"{prefix}body_timeout")
     per_address = getattr(args, f"{prefix}max_per_address")
     if head <= 0 or body <= 0 or per_address < 1:
         raise InputError("the HTTP header and body timeouts must be positive and the per-address cap at least 1")
-    return ConnectionLimits(head_timeout_s=head, body_timeout_s=body, per_address=per_address)
+    return ConnectionLimits(head, body, per_address, max_body_bytes=max_body_bytes)
 
 
 def _http_options(parser: argparse.ArgumentParser) -> None:
@@ -244,7 +247,9 @@ def _http_server(gateway, drafter, args, listening, guard):
     from asyncspec.httpserve import GuardedServer
 
     app = make_app(gateway, drafter.tokenizer, args.model, ChatFormatter(_hf_tokenizer(args.model)), guard)
-    server = GuardedServer(app, listening, args.http_max_connections, connection_limits(args, "http_"))
+    server = GuardedServer(
+        app, listening, args.http_max_connections, connection_limits(args, "http_", args.http_max_body)
+    )
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     return server, thread

@@ -38,8 +38,10 @@ def run(args) -> int:
         chunk_s=options.chunk_s,
         budget=options.budget,
         drafter=options.drafter or "whisper-tiny.en",
+        threads=args.threads,
+        solo_threads=args.solo_threads,
     ) as transcriber:
-        print(transcriber.target.describe(), file=sys.stderr)
+        print(f"{transcriber.target.describe()}; {transcriber.describe_threads()}", file=sys.stderr)
         exactness = equality_check(transcriber.target, config, options.compare)
         records: list[dict] = []
         decoded: list = []

@@ -23,6 +23,9 @@ class DecodeRequest:
     prompt_ids: tuple[int, ...]
     audio: np.ndarray | None = None  # float32 [samples] at 16 kHz, at most one window
     max_new_tokens: int = 256
+    # the target's encoder output for `audio` when already computed (a window decoded again at a
+    # fallback temperature encodes once); only the target that computed it may read it
+    encoded: Any = None
 
 
 @dataclass

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from asyncspec.models.int8_linear import Int8Linear, quantize_linears
+from asyncspec.models.threads import available_cores, torch_threads
 
 # the dtype each candidate's input and float layers run in
 ENCODER_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "int8": torch.float32}
@@ -50,8 +51,7 @@ class EncoderPlacement:
 
 
 def thread_candidates() -> list[int]:
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return sorted({1, cores})
+    return sorted({1, available_cores()})
 
 
 def as_candidate(encoder: torch.nn.Module, name: str) -> torch.nn.Module:
@@ -79,21 +79,18 @@ def place(encoder: torch.nn.Module, name: str) -> None:
 @torch.inference_mode()
 def measure(encoder: torch.nn.Module, features: torch.Tensor) -> dict[str, float]:
     """Median ms per candidate (dtype x threads) of one pass over `features` [1, mels, 3000]."""
-    timings, before = {}, torch.get_num_threads()
-    try:
-        for name, dtype in ENCODER_DTYPES.items():
-            candidate = as_candidate(encoder, name)
-            for threads in thread_candidates():
-                torch.set_num_threads(threads)
+    timings = {}
+    for name, dtype in ENCODER_DTYPES.items():
+        candidate = as_candidate(encoder, name)
+        for threads in thread_candidates():
+            with torch_threads(threads):
                 candidate(features.to(dtype))  # warm-up: kernels are chosen on the first call
                 passes = []
                 for _ in range(REPEATS):
                     start = time.perf_counter()
                     candidate(features.to(dtype))
                     passes.append(time.perf_counter() - start)
-                timings[f"{name}x{threads}"] = round(1000 * sorted(passes)[len(passes) // 2], 1)
-    finally:
-        torch.set_num_threads(before)
+            timings[f"{name}x{threads}"] = round(1000 * sorted(passes)[len(passes) // 2], 1)
     return timings
 
 
@@ -102,13 +99,10 @@ def same_on_every_thread_count(encoder: torch.nn.Module, name: str, mels: int) -
     """One seeded pseudo-random window through the encoder on each candidate thread count."""
     features = torch.randn(1, mels, 3000, generator=torch.Generator().manual_seed(5)).to(ENCODER_DTYPES[name])
     candidate = as_candidate(encoder, name)
-    outputs, before = [], torch.get_num_threads()
-    try:
-        for threads in thread_candidates():
-            torch.set_num_threads(threads)
+    outputs = []
+    for threads in thread_candidates():
+        with torch_threads(threads):
             outputs.append(candidate(features).last_hidden_state)
-    finally:
-        torch.set_num_threads(before)
     return all(torch.equal(outputs[0], other) for other in outputs[1:])
 
 

@@ -11,7 +11,8 @@ call has one shape, whatever it carries:
   the prompt runs in blocks of `prefill_width` rows, the same blocks in every run of a request;
 - attention of the row at position p runs over exactly the slots 0..p, one row at a time, so its
   shapes depend on p alone (and its cost on the real context, not on the cache's size);
-- the output projection runs over all rows of the block.
+- the output projection runs over all rows of a decoding block; of a prompt block, only the rows
+  whose logits are read are projected, gathered into calls of `width` rows.
 
 Rollback only moves the length pointer: a slot past it is rewritten before any row can see it.
 """
@@ -146,14 +147,35 @@ class FixedShapeEngine:
     def new_cache(self, context: torch.Tensor | None = None) -> StaticKV:
         return self.forward.new_cache(self.shape.slots, context)
 
-    def run(self, cache: StaticKV, start: int, tokens: Sequence[int], prefill: bool = False) -> torch.Tensor:
+    def run(self, cache: StaticKV, start: int, tokens: Sequence[int]) -> torch.Tensor:
         """Logits [len(tokens), V] (the model's dtype) for tokens at positions start, start+1, ..."""
-        width = self.shape.prefill_width if prefill else self.shape.width
+        width = self.shape.width
         rows = []
         for offset in range(0, len(tokens), width):
             chunk = list(tokens[offset : offset + width])
-            ids = torch.tensor(chunk + [self.pad_id] * (width - len(chunk)))
-            hidden = self.forward(cache, ids, start + offset, len(chunk))  # [width, D]
-            logits = self.project(hidden)  # all rows: one shape
+            logits = self.project(self._block(cache, start + offset, chunk, width))  # all rows: one shape
             rows.append(logits[: len(chunk)])
         return torch.cat(rows) if len(rows) > 1 else rows[0]
+
+    def prefill(self, cache: StaticKV, start: int, tokens: Sequence[int], wanted: Sequence[int] = ()) -> torch.Tensor:
+        """A prompt in blocks of `prefill_width` rows; logits [len(wanted), V] of the rows `wanted`
+        (indices into tokens) alone. A prompt row's logits are rarely read (Whisper's no-speech
+        probability reads one), and projecting every row of a block onto the vocabulary was most of
+        a prompt's cost. The wanted rows are projected in calls of `width` rows, like decoding."""
+        width, kept = self.shape.prefill_width, []
+        for offset in range(0, len(tokens), width):
+            chunk = list(tokens[offset : offset + width])
+            hidden = self._block(cache, start + offset, chunk, width)
+            kept += [hidden[index - offset] for index in wanted if offset <= index < offset + len(chunk)]
+        if len(kept) != len(wanted):
+            raise ValueError(f"wanted rows {list(wanted)} are not all inside the {len(tokens)} tokens")
+        rows = []
+        for offset in range(0, len(kept), self.shape.width):
+            block = kept[offset : offset + self.shape.width]
+            padded = torch.stack(block + [block[-1]] * (self.shape.width - len(block)))  # finite padding
+            rows.append(self.project(padded)[: len(block)])
+        return torch.cat(rows) if rows else torch.empty(0, 0)
+
+    def _block(self, cache: StaticKV, start: int, chunk: list[int], width: int) -> torch.Tensor:
+        ids = torch.tensor(chunk + [self.pad_id] * (width - len(chunk)))
+        return self.forward(cache, ids, start, len(chunk))  # [width, D]

@@ -25,6 +25,7 @@ from asyncspec.models.encoder_placement import EncoderPlacement, place, place_en
 from asyncspec.models.fixed_shape import CallShape
 from asyncspec.models.forward_whisper import WhisperBlockForward
 from asyncspec.models.kv_backend import DEFAULT_WIDTH, FIXED_SHAPE, KVBackend
+from asyncspec.models.threads import torch_threads
 from asyncspec.models.tokenizer import TextTokenizer
 from asyncspec.models.whisper_rules import TimestampRules, apply_timestamp_rules
 
@@ -127,17 +128,15 @@ class WhisperBackend(KVBackend):
     def encode_audio(self, audio: np.ndarray) -> torch.Tensor:
         """Encoder output [1, 1500, D] for at most 30 s of 16 kHz audio (padded as Whisper expects)."""
         features = self.features(audio, sampling_rate=SAMPLE_RATE, return_tensors="pt").input_features
-        placement, before = self.encoder_placement, torch.get_num_threads()
+        placement = self.encoder_placement
         if placement is None:
             return self.model.model.encoder(features).last_hidden_state.to(self.dtype)
-        torch.set_num_threads(placement.threads)
-        try:
+        with torch_threads(placement.threads):
             encoded = self.model.model.encoder(features.to(placement.torch_dtype)).last_hidden_state
-        finally:
-            torch.set_num_threads(before)
         return encoded.to(self.dtype)
 
     def prefill(self, request: DecodeRequest, encoded: torch.Tensor | None = None) -> DecoderState:
+        encoded = encoded if encoded is not None else request.encoded
         if encoded is None:
             if request.audio is None:
                 raise ValueError("a Whisper request needs audio")
@@ -146,10 +145,10 @@ class WhisperBackend(KVBackend):
         state = self._new_state(len(prompt), encoded)
         state.extras["encoded"] = encoded
         state.extras["timestamps"] = self.timestamp_rules.no_timestamps not in prompt
-        rows = self.prefill_tokens(state, prompt, len(prompt))
         # Whisper's no-speech probability: the unmasked row after <|startoftranscript|>
         sot = prompt.index(self.tokenizer.token_id("<|startoftranscript|>"))
-        state.extras["figures"] = {"no_speech_prob": float(torch.softmax(rows[sot], dim=-1)[self.no_speech_id])}
+        (sot_row,) = self.prefill_tokens(state, prompt, len(prompt), wanted=[sot])
+        state.extras["figures"] = {"no_speech_prob": float(torch.softmax(sot_row, dim=-1)[self.no_speech_id])}
         return state
 
     def probe_context(self) -> torch.Tensor:

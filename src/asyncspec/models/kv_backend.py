@@ -114,25 +114,42 @@ class KVBackend:
 
     @torch.inference_mode()
     def extend(self, state: DecoderState, tokens: Sequence[int]) -> torch.Tensor:
-        return self._append(state, tokens, prefill=False)
+        return self._append(state, tokens)
 
     @torch.inference_mode()
-    def prefill_tokens(self, state: DecoderState, tokens: Sequence[int], prompt_len: int) -> torch.Tensor:
-        """Fill an empty state with a prompt (and any output after it); logits [len(tokens), V].
-        In the blocks every run of the request uses: the prompt but its last token in prefill
-        blocks, the rest as decoding calls. The last prompt token is a decoding call because the
-        cloud verifier receives it as the root of the request's first block."""
+    def prefill_tokens(
+        self, state: DecoderState, tokens: Sequence[int], prompt_len: int, wanted: Sequence[int] = ()
+    ) -> torch.Tensor:
+        """Fill an empty state with a prompt (and any output after it); the float32 logits
+        [len(wanted), V] of the rows `wanted` (indices into tokens), no other prompt row projected.
+        A row inside the prompt's head is raw; the last prompt token's row is a decoding row, with
+        the decision rules applied. In the blocks every run of the request uses: the prompt but its last token in
+        prefill blocks, the rest as decoding calls. The last prompt token is a decoding call because
+        the cloud verifier receives it as the root of the request's first block."""
         if state.length:
             raise ValueError("prefill_tokens needs an empty state")
-        head = list(tokens[: max(prompt_len - 1, 0)])
+        head = [int(t) for t in tokens[: max(prompt_len - 1, 0)]]
         tail = list(tokens[len(head) :])
         state.prompt_len = prompt_len
-        calls = [self._append(state, head, prefill=True)] if head else []
-        calls += [self._append(state, tail, prefill=False)] if tail else []
-        return torch.cat(calls) if len(calls) > 1 else calls[0]
+        in_head = [index for index in wanted if index < len(head)]
+        head_rows = self._prefill_head(state, head, in_head) if head else torch.empty(0, self.vocab_size)
+        tail_rows = self._append(state, tail) if tail else torch.empty(0, self.vocab_size)
+        # a wanted row past the head (a prompt of one token) is the first decoding row, masked as such
+        picked = {index: row for index, row in zip(in_head, head_rows, strict=True)}
+        if not wanted:
+            return head_rows
+        return torch.stack([picked[i] if i in picked else tail_rows[i - len(head)] for i in wanted])
 
-    def _append(self, state: DecoderState, tokens: Sequence[int], prefill: bool) -> torch.Tensor:
-        tokens = [int(t) for t in tokens]
+    def _prefill_head(self, state: DecoderState, head: list[int], wanted: Sequence[int]) -> torch.Tensor:
+        self._check_tokens(state, head)
+        if self.engine is not None:
+            raw = self.engine.prefill(state.cache, state.length, head, wanted)
+        else:
+            raw = self.project(self._hidden(state, torch.tensor([head]))[0])[list(wanted)]
+        state.tokens.extend(head)
+        return raw.float()
+
+    def _check_tokens(self, state: DecoderState, tokens: list[int]) -> None:
         if not tokens:
             raise ValueError("extend needs at least one token")
         if state.length + len(tokens) > self.max_length:
@@ -142,8 +159,12 @@ class KVBackend:
         bad = [t for t in tokens if not 0 <= t < self.vocab_size]
         if bad:
             raise ValueError(f"{self.name}: token ids {bad[:5]} are outside the vocabulary")
+
+    def _append(self, state: DecoderState, tokens: Sequence[int]) -> torch.Tensor:
+        tokens = [int(t) for t in tokens]
+        self._check_tokens(state, tokens)
         if self.engine is not None:
-            raw = self.engine.run(state.cache, state.length, tokens, prefill)
+            raw = self.engine.run(state.cache, state.length, tokens)
         else:
             raw = self.project(self._hidden(state, torch.tensor([tokens]))[0])
         logits = raw.float()

@@ -44,13 +44,24 @@ class InvarianceReport:
     width: int | None
     seconds: float
     cached: bool = False
+    # The same calls run at this other thread count too (None: not checked), and whether every row
+    # and KV position came out equal to `threads`' own: then the target may switch between the two.
+    wide_threads: int | None = None
+    wide_equal: bool | None = None
 
     def summary(self) -> str:
         verdict = "passed" if self.passed else f"FAILED ({self.first_difference})"
+        wide = ""
+        if self.wide_threads is not None:
+            wide = f"; at {self.wide_threads} threads {'equal' if self.wide_equal else 'DIFFERENT'}"
         return (
             f"invariance self-test {verdict}: {self.engine} engine, {self.dtype}, width {self.width}, "
-            f"{self.threads} thread(s), {self.rows_checked} rows compared bitwise"
+            f"{self.threads} thread(s), {self.rows_checked} rows compared bitwise{wide}"
         )
+
+    def may_use(self, threads: int) -> bool:
+        """Whether rows decoded at `threads` equal rows decoded at the checked count."""
+        return threads == self.threads or (threads == self.wide_threads and bool(self.wide_equal))
 
 
 def probe_tokens(backend, n: int) -> list[int]:
@@ -115,8 +126,32 @@ def inexact_int8_shapes(backend) -> list[tuple[int, int]]:
     return [(n, k) for n, k in shapes if not products_exact(k, n)]
 
 
+def _compare(reference, reference_kv, logits, state, n: int) -> tuple[list[int], list[int]]:
+    differing = [i for i in range(n) if not torch.equal(logits[i], reference[i])]
+    kv = [i for i, (a, b) in enumerate(zip(_kv_rows(state), reference_kv, strict=True)) if not torch.equal(a, b)]
+    return differing, kv
+
+
 @torch.inference_mode()
-def check_invariance(backend) -> InvarianceReport:
+def _equal_at_threads(backend, threads: int, prompt, context, tokens, reference, reference_kv) -> bool:
+    """Every partition's rows and KV, decoded at `threads`, equal to the reference's."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        width, n = getattr(backend, "call_width", None) or 8, len(tokens)
+        for sizes in [[1] * n, *partitions(width, n)]:
+            logits, state = _decode_in_blocks(backend, prompt, context, tokens, sizes)
+            if any(_compare(reference, reference_kv, logits, state, n)):
+                return False
+        return True
+    finally:
+        torch.set_num_threads(before)
+
+
+@torch.inference_mode()
+def check_invariance(backend, wide_threads: int | None = None) -> InvarianceReport:
+    """The verdict at the current thread count; with `wide_threads`, also whether the same calls at
+    that count give the same bits (a target that decodes on more cores once it is alone)."""
     started = time.perf_counter()
     inexact = inexact_int8_shapes(backend)
     width = getattr(backend, "call_width", None) or 8
@@ -126,11 +161,12 @@ def check_invariance(backend) -> InvarianceReport:
     tokens = probe_tokens(backend, n)
     reference, reference_state = _decode_in_blocks(backend, prompt, context, tokens, [1] * n)
     reference_kv = _kv_rows(reference_state)
+    references = (reference, reference_kv)
+    wide = wide_threads if wide_threads is not None and wide_threads != torch.get_num_threads() else None
     rows_differing, kv_differing, first = 0, 0, ""
     for index, sizes in enumerate(partitions(width, n)):
         logits, state = _decode_in_blocks(backend, prompt, context, tokens, sizes, detour=width if index else 0)
-        differing = [i for i in range(n) if not torch.equal(logits[i], reference[i])]
-        kv = [i for i, (a, b) in enumerate(zip(_kv_rows(state), reference_kv, strict=True)) if not torch.equal(a, b)]
+        differing, kv = _compare(reference, reference_kv, logits, state, n)
         rows_differing += len(differing)
         kv_differing += len(kv)
         if (differing or kv) and not first:
@@ -148,6 +184,8 @@ def check_invariance(backend) -> InvarianceReport:
         threads=torch.get_num_threads(),
         width=getattr(backend, "call_width", None),
         seconds=round(time.perf_counter() - started, 3),
+        wide_threads=wide,
+        wide_equal=None if wide is None else _equal_at_threads(backend, wide, prompt, context, tokens, *references),
     )
 
 
@@ -220,15 +258,18 @@ def _cache_file(key: dict) -> Path:
     return cache_root() / "selftest" / f"{digest}.json"
 
 
-def invariance(backend, use_cache: bool = True) -> InvarianceReport:
-    """The backend's verdict: from this process, from the per-machine cache, or measured now."""
-    if getattr(backend, "invariance", None) is not None:
-        return backend.invariance
+def invariance(backend, use_cache: bool = True, wide_threads: int | None = None) -> InvarianceReport:
+    """The backend's verdict: from this process, from the per-machine cache, or measured now (with
+    `wide_threads`, one that also compared that thread count)."""
+    known = getattr(backend, "invariance", None)
+    if known is not None and (wide_threads is None or wide_threads in (known.threads, known.wide_threads)):
+        return known
     cacheable = use_cache and hasattr(backend, "_output_weight")  # a verdict is cached per model weights
-    path = _cache_file(machine_key(backend)) if cacheable else None
+    wide = {"wide_threads": wide_threads} if wide_threads is not None else {}
+    path = _cache_file(machine_key(backend) | wide) if cacheable else None
     report = _read_cached(path)
     if report is None:
-        report = check_invariance(backend)
+        report = check_invariance(backend, wide_threads)
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(json.dumps(asdict(report)))

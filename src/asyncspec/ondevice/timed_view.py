@@ -37,6 +37,11 @@ class FileCandidates:
         self._views += 1
         return WindowCandidates(self, seek_s, end_s, self._views)
 
+    def drafting_done(self) -> bool:
+        """Whether the producer has published all it will for the file (it is idle now)."""
+        self.buffer.refresh()
+        return self.buffer.finished
+
     def close(self, complete: bool = False, timeout_s: float = 600.0) -> None:
         """Stop the file's drafting; with `complete`, first let the producer publish all of it
         (a decoupling test compares whole publications)."""

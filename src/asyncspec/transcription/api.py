@@ -22,6 +22,7 @@ import numpy as np
 
 from asyncspec.audio import SAMPLE_RATE, load_audio, validate_samples
 from asyncspec.errors import InputError
+from asyncspec.models.threads import available_cores, torch_threads
 from asyncspec.transcription.longform import LongformOptions, WindowOutcome, transcribe_windows
 from asyncspec.transcription.segments import Segment
 
@@ -39,6 +40,7 @@ class TranscriptionStats:
     skipped: list[float] = field(default_factory=list)  # start (s) of windows judged silent
     tokens: int = 0
     decodes: int = 0  # decode calls, fallback attempts included
+    solo_decodes: int = 0  # of those, decoded on `solo_threads` (nothing drafting beside the target)
     prefill_s: float = 0.0
     decode_s: float = 0.0
     producer_failure: str | None = None
@@ -67,7 +69,10 @@ class Transcriber:
     bf16, the faster on this machine; "int8", "bf16" or "fp32"); encoder: "auto" (placed by
     measurement on this machine), "fp32", "bf16" or "int8". As²d's
     producer: `producer_model` over `chunk_s` chunks, `budget` candidates per verification;
-    sd/specasr's prefix-conditioned `drafter`."""
+    sd/specasr's prefix-conditioned `drafter`. The decoder runs on `threads` threads while the
+    producer drafts beside it (default: every core but one) and on `solo_threads` when nothing does
+    (target-only, or once the producer has published the whole recording; default: every core),
+    where the self-test finds the rows equal at both counts; else always on `threads`."""
 
     def __init__(
         self,
@@ -80,6 +85,8 @@ class Transcriber:
         chunk_s: float | None = None,
         budget: int | None = None,
         drafter: str = "whisper-tiny.en",
+        threads: int | None = None,
+        solo_threads: int | None = None,
     ):
         from asyncspec.profiling.deployed import deployed_as2d
         from asyncspec.transcription import loading
@@ -99,7 +106,10 @@ class Transcriber:
             producer = loading.spawn_producer_early(model, kind, as2d.chunk_s, producer_model, dtype)
             self.drafters["as2d"] = producer
         try:
-            self.target = loading.load_speech_target(model, dtype, encoder)
+            # loaded, measured (--dtype auto) and self-tested at the thread count it decodes beside
+            # the producer with, whatever this process's count is
+            with torch_threads(beside_threads(threads)):
+                self.target = loading.load_speech_target(model, dtype, encoder)
             if "as2d" in self.methods and producer is None:
                 self.drafters["as2d"] = loading.make_producer(
                     loading.LONGFORM_PRODUCER, as2d.chunk_s, producer_model, dtype, self.target
@@ -109,9 +119,13 @@ class Transcriber:
 
                 prefix_drafter = load_decoder(drafter, dtype, engine="transformers")
                 self.drafters |= {name: prefix_drafter for name in PREFIX_DRAFTED}
+            self.threads, self.solo_threads = decode_threads(self.target, threads, solo_threads)
         except BaseException:
             self.close()
             raise
+
+    def describe_threads(self) -> str:
+        return f"decoder threads: {self.threads} beside the producer, {self.solo_threads} alone"
 
     @property
     def producer(self):
@@ -157,7 +171,8 @@ class Transcriber:
         uses_producer = info.method == "as2d"
         files = FileCandidates(self.producer, samples, self.target.timestamp_rules) if uses_producer else None
         try:
-            for outcome in transcribe_windows(self.target, self._window_decoder(info.method, files), samples, options):
+            decode = self._window_decoder(info.method, files, info.stats)
+            for outcome in transcribe_windows(self.target, decode, samples, options):
                 _observe(info, outcome)
                 yield from outcome.segments
         finally:
@@ -166,7 +181,7 @@ class Transcriber:
                 info.stats.producer_failure = files.buffer.failure
                 info.publications = [(b.offset, b.tokens, b.start_s, b.end_s) for b in files.buffer.batches]
 
-    def _window_decoder(self, method: str, files):
+    def _window_decoder(self, method: str, files, stats: TranscriptionStats):
         from asyncspec.decoding.methods import METHODS as DECODERS
         from asyncspec.decoding.result import DecodeConfig
 
@@ -174,10 +189,13 @@ class Transcriber:
 
         def decode(request, config: DecodeConfig, seek_s: float, end_s: float):
             config = replace(config, budget=self.budget, method_budgets=budgets)
-            if config.temperature > 0 and method not in POSITIONAL_SAMPLERS:
-                return DECODERS["target"](self.target, None, request, config)  # the same positional sample
-            drafter = files.window(seek_s, end_s) if files is not None else self.drafters.get(method)
-            return DECODERS[method](self.target, drafter, request, config)
+            alone = files is None or files.drafting_done()
+            stats.solo_decodes += alone and self.solo_threads != self.threads
+            with torch_threads(self.solo_threads if alone else self.threads):
+                if config.temperature > 0 and method not in POSITIONAL_SAMPLERS:
+                    return DECODERS["target"](self.target, None, request, config)  # the same positional sample
+                drafter = files.window(seek_s, end_s) if files is not None else self.drafters.get(method)
+                return DECODERS[method](self.target, drafter, request, config)
 
         return decode
 
@@ -193,15 +211,39 @@ class Transcriber:
         self.close()
 
 
+def beside_threads(threads: int | None) -> int:
+    """The decoder's threads while a producer drafts: `threads`, else every core but the producer's."""
+    if threads is not None and threads < 1:
+        raise InputError(f"threads must be at least 1, got {threads}")
+    return threads or max(available_cores() - 1, 1)
+
+
+def decode_threads(target, threads: int | None, solo_threads: int | None) -> tuple[int, int]:
+    """(threads beside a producer, threads alone). Alone the decoder takes more threads only if the
+    self-test finds every row and KV position bitwise equal at both counts: As²d switches between
+    them mid-recording, and target-only (at the solo count) is the reference it must equal."""
+    from asyncspec.models.selftest import invariance
+
+    if solo_threads is not None and solo_threads < 1:
+        raise InputError(f"threads must be at least 1, got {solo_threads}")
+    beside, solo = beside_threads(threads), solo_threads or available_cores()
+    if solo == beside:
+        return beside, solo
+    with torch_threads(beside):
+        report = invariance(target, wide_threads=solo)
+    return beside, solo if report.may_use(solo) else beside
+
+
 def _observe(info: TranscriptionInfo, outcome: WindowOutcome) -> None:
     stats = info.stats
     info.windows.append(outcome)
     stats.windows += 1
     stats.fallbacks += outcome.fell_back
-    stats.decodes += len(outcome.attempts)
+    stats.decodes += len(outcome.draws)
+    stats.prefill_s += outcome.encode_s
     if outcome.skipped:
         stats.skipped.append(outcome.start_s)
     stats.tokens += len(outcome.chosen.result.tokens)
-    for attempt in outcome.attempts:
+    for attempt in outcome.draws:
         stats.prefill_s += attempt.result.stats.prefill_s
         stats.decode_s += attempt.result.stats.decode_s

@@ -24,9 +24,10 @@ tokens under every method, and so are the seeks, prompts and segments that follo
 
 from __future__ import annotations
 
+import time
 import zlib
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -79,8 +80,10 @@ class WindowOutcome:
     seek: int  # mel frame the window starts at
     frames: int  # its length in frames
     chosen: Attempt
-    attempts: list[Attempt]  # every decode tried, greedy first
+    attempts: list[Attempt]  # per temperature tried, greedy first: its likeliest draw
     skipped: bool  # judged silent: nothing kept
+    draws: list[Attempt] = field(default_factory=list)  # every decode run, the samples not kept included
+    encode_s: float = 0.0  # the window's one encoder pass, shared by all its draws
     segments: list[Segment] = field(default_factory=list)
     next_seek: int = 0
     resumed_early: bool = False  # the next window starts at this one's last segment, not its end
@@ -109,9 +112,11 @@ def transcribe_windows(
         end = len(samples) if seek + frames >= content_frames else (seek + frames) * SAMPLES_PER_FRAME
         audio = samples[seek * SAMPLES_PER_FRAME : end]
         previous = history[reset_since:] if options.condition_on_previous_text else []
-        attempts = _decode_with_fallback(target, decode_window, audio, previous, seek, index, options)
+        request, encode_s = _encoded_request(target, audio, previous, options)
+        span_s = (seek / FRAMES_PER_SECOND, seek / FRAMES_PER_SECOND + len(audio) / SAMPLE_RATE)
+        attempts, draws = _decode_with_fallback(target, decode_window, request, span_s, index, options)
         chosen = _choose(attempts, options)
-        outcome = WindowOutcome(index, seek, frames, chosen, attempts, _is_silent(chosen, options))
+        outcome = WindowOutcome(index, seek, frames, chosen, attempts, _is_silent(chosen, options), draws, encode_s)
         if outcome.skipped:
             outcome.next_seek = seek + frames
         else:
@@ -126,22 +131,34 @@ def transcribe_windows(
         seek, index = max(outcome.next_seek, seek + 1), index + 1  # always forward, however the window ended
 
 
-def _decode_with_fallback(target, decode_window, audio, previous, seek: int, index: int, options) -> list[Attempt]:
+def _encoded_request(target, audio: np.ndarray, previous: list[int], options) -> tuple[DecodeRequest, float]:
+    """The window's request, carrying its encoder output: every draw of a fallback reuses it."""
     request = target.request(audio, language=options.language, timestamps=True, previous=previous)
-    seek_s, end_s = seek / FRAMES_PER_SECOND, seek / FRAMES_PER_SECOND + len(audio) / SAMPLE_RATE
+    started = time.perf_counter()
+    encoded = target.encode_audio(audio)
+    return replace(request, encoded=encoded), time.perf_counter() - started
+
+
+def _decode_with_fallback(
+    target, decode_window, request: DecodeRequest, span_s: tuple[float, float], index: int, options
+) -> tuple[list[Attempt], list[Attempt]]:
+    """(the likeliest draw per temperature tried, every draw) of the window spanning span_s."""
+    seek_s, end_s = span_s
     attempts: list[Attempt] = []
+    draws: list[Attempt] = []
     for level, temperature in enumerate(options.temperatures):
-        draws = 1 if temperature <= 0 else max(options.best_of, 1)
+        samples = 1 if temperature <= 0 else max(options.best_of, 1)
         tried = []
-        for draw in range(draws):
+        for draw in range(samples):
             config = DecodeConfig(temperature=temperature, seed=_seed(options.seed, index, level, draw))
             if temperature > 0:
                 config = DecodeConfig(temperature=temperature, seed=config.seed, positional_sampling=True)
             tried.append(_attempt(target, request, decode_window(request, config, seek_s, end_s), temperature))
+        draws += tried
         attempts.append(max(tried, key=lambda attempt: attempt.avg_logprob))
         if not _needs_fallback(attempts[-1], options):
             break
-    return attempts
+    return attempts, draws
 
 
 def _seed(seed: int, window: int, level: int, draw: int) -> int:
