@@ -161,3 +161,21 @@ def test_a_window_that_ends_early_is_followed_from_its_last_segment_and_the_refe
     assert [w.start_s for w in reference[:2]] == [0.0, 30.0] and not reference[0].resumed_early
     assert "w7" not in " ".join(segment.text for window in reference for segment in window.segments)
     assert all(b.start_s - a.start_s >= 1.0 for a, b in zip(resumed, resumed[1:], strict=False))
+
+
+def test_an_early_end_is_counted_and_reported(capsys):
+    from asyncspec.run.longform import _progress
+    from asyncspec.transcription.api import TranscriptionInfo, _observe
+    from asyncspec.transcription.longform import LongformOptions
+
+    for resume in (True, False):
+        info = TranscriptionInfo("en", 1.0, 65.0, "target", "scripted", LongformOptions(resume_after_early_end=resume))
+        outcomes = scripted_windows(resume)
+        for outcome in outcomes:
+            _observe(info, outcome)
+        _progress(info, "f.wav", 0)
+        resumed = sum(outcome.resumed_early for outcome in outcomes)
+        assert info.stats.resumed_early == resumed and (resumed >= 1) == resume
+        err = capsys.readouterr().err
+        assert err.count("its text ended early") == resumed
+        assert ("its text ended early: the next window starts at 2.0 s" in err) == resume

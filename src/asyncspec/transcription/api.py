@@ -38,6 +38,7 @@ class TranscriptionStats:
     windows: int = 0
     fallbacks: int = 0  # windows decoded again at a higher temperature (and kept so)
     skipped: list[float] = field(default_factory=list)  # start (s) of windows judged silent
+    resumed_early: int = 0  # windows whose text ended early, followed from their last segment
     tokens: int = 0
     decodes: int = 0  # decode calls, fallback attempts included
     solo_decodes: int = 0  # of those, decoded on `solo_threads` (nothing drafting beside the target)
@@ -239,6 +240,7 @@ def _observe(info: TranscriptionInfo, outcome: WindowOutcome) -> None:
     info.windows.append(outcome)
     stats.windows += 1
     stats.fallbacks += outcome.fell_back
+    stats.resumed_early += outcome.resumed_early
     stats.decodes += len(outcome.draws)
     stats.prefill_s += outcome.encode_s
     if outcome.skipped:
