@@ -123,9 +123,10 @@ class KVBackend:
         """Fill an empty state with a prompt (and any output after it); the float32 logits
         [len(wanted), V] of the rows `wanted` (indices into tokens), no other prompt row projected.
         A row inside the prompt's head is raw; the last prompt token's row is a decoding row, with
-        the decision rules applied. In the blocks every run of the request uses: the prompt but its last token in
-        prefill blocks, the rest as decoding calls. The last prompt token is a decoding call because
-        the cloud verifier receives it as the root of the request's first block."""
+        the decision rules applied. In the blocks every run of the request uses: the prompt but its
+        last token in prefill blocks, the rest as decoding calls. The last prompt token is a
+        decoding call because the cloud verifier receives it as the root of the request's first
+        block."""
         if state.length:
             raise ValueError("prefill_tokens needs an empty state")
         head = [int(t) for t in tokens[: max(prompt_len - 1, 0)]]
