@@ -23,6 +23,16 @@ from frame_proxy import FrameProxy, FrameProxyConfig
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 
 
+def wait_until(condition, timeout_s: float = 60.0, poll_s: float = 0.05) -> bool:
+    """Whether `condition()` holds within timeout_s (polled every poll_s, and once at the end)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(poll_s)
+    return bool(condition())
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

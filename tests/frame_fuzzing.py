@@ -5,21 +5,11 @@ flight while hostile frames name their ids."""
 from __future__ import annotations
 
 import gc
-import time
 import tracemalloc
 
 from asyncspec.cloudedge import protocol as wire
-from cloudedge_support import Collector
+from cloudedge_support import Collector, wait_until
 from hardening_support import RawPeer
-
-
-def wait_until(condition, timeout_s: float = 60.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.05)
-    return False
 
 
 def drain(peer: RawPeer) -> int:

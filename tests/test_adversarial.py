@@ -39,7 +39,7 @@ from asyncspec.ondemand.engine import Engine
 from asyncspec.ondemand.ingest import LatestWindow
 from asyncspec.ondemand.prepared_state import Preparer, prepare_window
 from asyncspec.ondemand.service import UploadLimits, create_app
-from cloudedge_support import Collector, ServiceThread, free_address, model_pair
+from cloudedge_support import Collector, ServiceThread, free_address, model_pair, wait_until
 from conftest import synthetic_speech, tiny_whisper
 from frame_fuzzing import (
     FUZZ_IDENTITY,
@@ -52,7 +52,6 @@ from frame_fuzzing import (
     owner_tokens,
     retained_python_bytes,
     steady_growth,
-    wait_until,
 )
 from hardening_support import RawPeer, expected_tokens, live_services, normal_request_problem, rss_mib, served
 

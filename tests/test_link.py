@@ -25,6 +25,7 @@ from asyncspec.cloudedge.link.process import LinkProcess
 from asyncspec.cloudedge.link.profiles import DEFAULT_LINK_SCALE, LinkProfile, resolve_profile
 from asyncspec.cloudedge.link.proxy import LinkThread
 from asyncspec.errors import InputError
+from cloudedge_support import wait_until
 
 TOLERANCE = 0.10
 
@@ -235,15 +236,6 @@ def test_zeromq_round_trip_through_the_link(pattern):
     assert link.stats.up.bytes_delivered > 3 * len(payload)
 
 
-def _wait_until(condition, timeout: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.01)
-    return condition()
-
-
 def test_client_close_reaches_the_server_and_frees_the_connection():
     link, client, server_side, server = connected_pair(resolve_profile("weak", delay_ms=20))
     try:
@@ -253,7 +245,7 @@ def test_client_close_reaches_the_server_and_frees_the_connection():
         assert receive_exactly(server_side, 10)
         assert server_side.recv(100) == b""  # EOF after the data, not instead of it
         server_side.close()
-        assert _wait_until(lambda: link.stats.connections_open == 0), link.stats
+        assert wait_until(lambda: link.stats.connections_open == 0, 5.0, poll_s=0.01), link.stats
     finally:
         server.close()
         link.__exit__(None, None, None)
@@ -266,7 +258,7 @@ def test_server_close_reaches_the_client_and_frees_the_connection():
         client.settimeout(5)
         assert client.recv(100) == b""
         client.close()
-        assert _wait_until(lambda: link.stats.connections_open == 0), link.stats
+        assert wait_until(lambda: link.stats.connections_open == 0, 5.0, poll_s=0.01), link.stats
     finally:
         server.close()
         link.__exit__(None, None, None)
@@ -283,7 +275,7 @@ def test_half_close_still_carries_the_answer():
         server_side.sendall(b"answer")
         server_side.shutdown(socket.SHUT_WR)
         assert receive_exactly(client, 6) and client.recv(10) == b""
-        assert _wait_until(lambda: link.stats.connections_open == 0), link.stats
+        assert wait_until(lambda: link.stats.connections_open == 0, 5.0, poll_s=0.01), link.stats
     finally:
         client.close()
         server.close()
@@ -302,7 +294,7 @@ def test_unreachable_target_closes_the_client():
         except ConnectionResetError:
             pass
         client.close()
-        assert _wait_until(lambda: link.stats.connections_open == 0)
+        assert wait_until(lambda: link.stats.connections_open == 0, 5.0, poll_s=0.01)
         assert link.stats.connect_failures == 1
 
 

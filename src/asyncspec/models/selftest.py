@@ -25,6 +25,7 @@ from asyncspec.errors import InputError
 from asyncspec.models.base import DecodeRequest, DecoderState
 from asyncspec.models.fixed_shape import StaticKV
 from asyncspec.models.int8_linear import Int8Linear, products_exact
+from asyncspec.models.threads import torch_threads
 
 ISA_VARIABLES = ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS", "ATEN_CPU_CAPABILITY")
 EXTRA_TOKENS = 3  # the probe sequence is one full block plus this many tokens
@@ -135,17 +136,13 @@ def _compare(reference, reference_kv, logits, state, n: int) -> tuple[list[int],
 @torch.inference_mode()
 def _equal_at_threads(backend, threads: int, prompt, context, tokens, reference, reference_kv) -> bool:
     """Every partition's rows and KV, decoded at `threads`, equal to the reference's."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        width, n = getattr(backend, "call_width", None) or 8, len(tokens)
+    width, n = getattr(backend, "call_width", None) or 8, len(tokens)
+    with torch_threads(threads):
         for sizes in [[1] * n, *partitions(width, n)]:
             logits, state = _decode_in_blocks(backend, prompt, context, tokens, sizes)
             if any(_compare(reference, reference_kv, logits, state, n)):
                 return False
-        return True
-    finally:
-        torch.set_num_threads(before)
+    return True
 
 
 @torch.inference_mode()

@@ -34,7 +34,7 @@ def _progress(info: TranscriptionInfo, label: str, seen: int) -> int:
         notes = " (silent, skipped)" if outcome.skipped else ""
         notes += f" (fell back to T={outcome.chosen.temperature:g})" if outcome.fell_back else ""
         if outcome.resumed_early:  # Whisper's rule would have skipped the rest of this window as silent
-            notes += f" (its text ended early: the next window starts at {outcome.next_seek / 100:.1f} s)"
+            notes += f" (its text ended early: the next window starts at {outcome.next_start_s:.1f} s)"
         print(f"{label} [{info.method}]: {done:.1f} / {info.duration:.1f} s{notes}", file=sys.stderr, flush=True)
     return len(info.windows)
 

@@ -97,6 +97,10 @@ class WindowOutcome:
         return self.seek / FRAMES_PER_SECOND
 
     @property
+    def next_start_s(self) -> float:
+        return self.next_seek / FRAMES_PER_SECOND
+
+    @property
     def end_s(self) -> float:
         return (self.seek + self.frames) / FRAMES_PER_SECOND
 
