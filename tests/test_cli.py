@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -112,6 +113,24 @@ def test_generate_without_prepared_qwen_says_how_to_prepare(tmp_path, monkeypatc
     assert main(["generate", "--prompt", "def add(a, b):"]) == EXIT_BAD_INPUT
     err = capsys.readouterr().err
     assert "asyncspec models prepare qwen2.5-coder-1.5b" in err
+
+
+@pytest.mark.real
+def test_the_console_script_skips_its_teardown_only_after_every_output_is_written(tmp_path):
+    """`transcribe` ends with os._exit (cli.entry): its text still reaches a pipe and its files
+    are complete; a failing run keeps its exit code and its message."""
+    clip = str(min(librivox_clips(), key=lambda c: c.path.stat().st_size).path)
+    out = tmp_path / "out"
+    command = [sys.executable, "-m", "asyncspec", "transcribe", clip, "--method", "target", "--output-dir", str(out)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    stem = Path(clip).stem
+    written = json.loads((out / f"{stem}.json").read_text())
+    assert written["text"].strip() and written["text"].strip() in done.stdout
+    assert (out / f"{stem}.txt").read_text().strip() == written["text"].strip()
+    assert f"wrote {out}" in done.stderr
+    failed = subprocess.run([*command[:4], "/nonexistent.wav"], capture_output=True, text=True, timeout=120)
+    assert failed.returncode == EXIT_BAD_INPUT and "no such file" in failed.stderr
 
 
 def test_console_entry_point_runs():

@@ -106,6 +106,61 @@ def test_another_connections_request_id_gets_a_nack(pair):
     assert 123 in cloud.requests and cloud.counters.foreign_requests == 2  # the owner's request lives on
 
 
+def _opened(peer: RawPeer, request: int) -> list[wire.Message]:
+    """Open `request` and return what came back before the Pong that follows it (a Nack if refused)."""
+    peer.send_message(wire.Open(request, wire.pack_ids([3, 4]), 2, 0.0, 0, 4, 0))
+    peer.send_message(wire.Ping(0.0))
+    replies = peer.replies(timeout_s=5.0, until=lambda m: isinstance(m, wire.Pong))
+    assert replies and isinstance(replies[-1], wire.Pong), "the cloud did not answer"
+    return replies[:-1]
+
+
+def _curve_peer(address: str, keys_dir: Path, name: str, context: zmq.Context) -> RawPeer:
+    keys = client_keys(keys_dir / f"{name}.key_secret", keys_dir / "cloud.key")
+    options = {"CURVE_PUBLICKEY": keys.public, "CURVE_SECRETKEY": keys.secret, "CURVE_SERVERKEY": keys.server_public}
+    return RawPeer(address, context, **options)
+
+
+@pytest.mark.parametrize("authenticated", [True, False])
+def test_a_client_key_is_bounded_over_all_its_connections(pair, tmp_path, authenticated):
+    """Three connections under one client key share its quota of 2 open requests; another key keeps
+    its own. Control: with the same keys but no allow-list (no authenticator, so no key is known)
+    the third connection opens a request: only the per-connection cap of 2 applies."""
+    for name in ("cloud", "tenant", "other"):
+        generate_keys(tmp_path, name)
+    authorised = tmp_path / "authorised"
+    authorised.mkdir()
+    for name in ("tenant", "other"):
+        (authorised / f"{name}.key").write_bytes((tmp_path / f"{name}.key").read_bytes())
+    address = free_address()
+    cloud = CloudVerifier(pair[0], CloudConfig(max_requests_per_peer=2, max_requests_per_key=2))
+    curve = server_keys(tmp_path / "cloud.key_secret", authorised if authenticated else None)
+    thread = ServiceThread(cloud, address, curve=curve).start()
+    context = zmq.Context()
+    first, second, third = (_curve_peer(address, tmp_path, "tenant", context) for _ in range(3))
+    other = _curve_peer(address, tmp_path, "other", context)
+    try:
+        assert _opened(first, 1) == [] and _opened(second, 2) == []
+        refused = _opened(third, 3)
+        assert _opened(other, 4) == []
+        if authenticated:
+            first.send_message(wire.Close(1))  # a closed request gives its key's place back
+            first.send_message(wire.Ping(0.0))
+            first.replies(until=lambda m: isinstance(m, wire.Pong))  # the Close is handled
+            reopened = _opened(third, 5)
+    finally:
+        for peer in (first, second, third, other):
+            peer.close()
+        context.term()
+        thread.close()
+    if authenticated:
+        assert [(m.reason, "client key holds its limit" in m.detail) for m in refused] == [("full", True)]
+        assert reopened == [] and sorted(cloud.quota.per_key.values()) == [1, 2]
+    else:
+        assert refused == [] and not cloud.quota.per_key  # control: nothing bounds the key
+    assert cloud.counters.refused_opens == int(authenticated)
+
+
 @pytest.mark.parametrize("address", ["tcp://0.0.0.0:5555", "tcp://10.1.2.3:5555", "tcp://*:5555"])
 def test_binding_off_loopback_without_keys_is_refused(address):
     with pytest.raises(InputError, match="CURVE"):

@@ -1,5 +1,3 @@
-import sys
+from asyncspec.cli import entry
 
-from asyncspec.cli import main
-
-sys.exit(main())
+entry()

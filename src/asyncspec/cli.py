@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -93,16 +94,35 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    return _main(argv)[0]
+
+
+def entry() -> None:
+    """The console script. A command that asks for it (`transcribe`: its files are written, its
+    producer joined) ends with os._exit once stdout and stderr are flushed: the interpreter's
+    teardown of torch's modules and objects costs a fresh process about a second, and nothing
+    after that point writes anything."""
+    code, skip_teardown = _main(None)
+    if not skip_teardown:
+        sys.exit(code)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def _main(argv: list[str] | None) -> tuple[int, bool]:
+    """(exit code, whether the process may skip its teardown): only after a handler returned."""
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
-        return _dispatch(args)
+        code = _dispatch(args)
+        return code, bool(getattr(args, "exit_without_teardown", False))
     except (InputError, ModelNotPreparedError) as error:
         print(f"asyncspec: error: {error}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+        return EXIT_BAD_INPUT, False
     except KeyboardInterrupt:
         print("asyncspec: interrupted", file=sys.stderr)
-        return 130
+        return 130, False
 
 
 def _dispatch(args: argparse.Namespace) -> int:
@@ -115,4 +135,4 @@ def _dispatch(args: argparse.Namespace) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

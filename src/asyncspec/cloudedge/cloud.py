@@ -46,8 +46,7 @@ class CloudVerifier:
         self.requests: dict[int, CloudRequest] = {}
         self.queue = BlockQueue(self.config.max_queue)
         self.replies = limits.ReplyCache(self.config.decision_cache, self.config.decision_cache_bytes)
-        config = self.config
-        self.quota = limits.quota_for(target, config.max_requests, config.max_requests_per_peer, config.kv_budget_bytes)
+        self.quota = limits.quota_for(target, self.config)
         self.peers = limits.PeerLiveness(self.config.peer_dead_s)
         self.opening: dict[int, PendingOpen] = {}  # request -> its Open waiting for a prefill
         self.counters = CloudCounters()
@@ -70,7 +69,8 @@ class CloudVerifier:
         authenticator = start_authenticator(context, curve)
         socket = make_socket(context, zmq.ROUTER, address, True, self.config.max_message_bytes, curve)
         caps = limits.cloud_frame_caps(self.target.max_length, self.target.vocab_size, self.config.max_block)
-        self.channel = Channel(socket, self.traffic, self._invalid_frame, self._tracked, caps)
+        keyed = authenticator is not None  # each frame names the client key it was admitted under
+        self.channel = Channel(socket, self.traffic, self._invalid_frame, self._tracked, caps, keyed)
         try:
             self._loop(should_stop, on_ready)
         finally:
@@ -128,7 +128,7 @@ class CloudVerifier:
         for _ in range(limit):
             if not poller.poll(0) or (self.queue and time.monotonic() > deadline):
                 return
-            received = self.channel.receive()
+            received = self.channel.receive_authenticated()
             if received is not None:
                 self.handle(*received)
 
@@ -147,11 +147,11 @@ class CloudVerifier:
             base = message.id.base if hasattr(message, "id") else 0
             self._nack(identity, request, base, "invalid", str(error))
 
-    def handle(self, identity: bytes, message: wire.Message) -> None:
-        """One message; an error while serving it fails its request only (Nack "invalid"), never the loop."""
+    def handle(self, identity: bytes, message: wire.Message, key: bytes | None = None) -> None:
+        """One message (`key`: its sender's client key); an error fails its request only, never the loop."""
         self.peers.heard(identity)
         try:
-            self._dispatch(identity, message)
+            self._dispatch(identity, message, key)
         except Exception as error:  # a defect or an input no check foresaw: contain it to its request
             self._request_failed(identity, message, error)
         request_id = wire.request_of(message)
@@ -168,16 +168,18 @@ class CloudVerifier:
         detail = f"the cloud failed this request: {type(error).__name__}: {error}"
         self._nack(identity, request, base, "invalid", detail)
 
-    def _dispatch(self, identity: bytes, message: wire.Message) -> None:
+    def _dispatch(self, identity: bytes, message: wire.Message, key: bytes | None) -> None:
         request_id = wire.request_of(message)
         if request_id is not None and not self.quota.owns(identity, request_id):
             self.counters.foreign_requests += 1  # another connection's request: no state, no cached reply
             base = message.id.base if hasattr(message, "id") else 0
             self._nack(identity, request_id, base, "invalid", "the request id belongs to another connection")
             return
+        if isinstance(message, wire.Open):  # the one message whose handling depends on the key
+            self._open(identity, message, key)
+            return
         handlers: dict[type, Callable[[bytes, Any], None]] = {
             wire.Block: self._admit,
-            wire.Open: self._open,
             wire.CorrectionQuery: self._correct,
             wire.Close: self._close,
             wire.Ping: self._ping,
@@ -216,7 +218,7 @@ class CloudVerifier:
         pong = wire.Pong(ping.sent, self.instance, self.target.vocab_size, self.target.max_length, len(self.queue))
         self._send(identity, pong)
 
-    def _open(self, identity: bytes, message: wire.Open) -> None:
+    def _open(self, identity: bytes, message: wire.Open, key: bytes | None = None) -> None:
         tokens = wire.unpack_ids(message.tokens)
         existing = self.requests.get(message.request)
         known = [r.epoch for r in (existing, self.opening.get(message.request)) if r is not None]
@@ -228,7 +230,7 @@ class CloudVerifier:
         if problem:
             self._nack(identity, message.request, len(tokens) + 1, "invalid", problem)
             return
-        refusal = self.quota.refusal(identity, message.request)
+        refusal = self.quota.refusal(identity, message.request, key)
         if refusal:
             self.counters.refused_opens += 1
             self._nack(identity, message.request, len(tokens) + 1, "full", refusal)
@@ -240,7 +242,7 @@ class CloudVerifier:
                 return
         self.requests.pop(message.request, None)  # its KV no longer matches: blocks wait for the new prefill
         self.opening[message.request] = PendingOpen(identity, message, tokens)
-        self.quota.add(identity, message.request)
+        self.quota.add(identity, message.request, key)
 
     def _prefill(self, request_id: int) -> None:
         pending = self.opening.pop(request_id)

@@ -26,6 +26,7 @@ class CloudConfig:
     decision_cache_bytes: int = limits.DEFAULT_REPLY_CACHE_BYTES  # ... and their bytes
     max_requests: int = limits.DEFAULT_MAX_REQUESTS  # open requests (KV caches) in total
     max_requests_per_peer: int = limits.DEFAULT_MAX_REQUESTS_PER_PEER
+    max_requests_per_key: int = limits.DEFAULT_MAX_REQUESTS_PER_KEY  # over all of a CURVE key's connections
     kv_budget_bytes: int | None = None  # KV the open requests may reserve (None: limits.default_kv_budget)
     max_message_bytes: int = limits.DEFAULT_MAX_MESSAGE_BYTES  # larger frames are dropped by ZeroMQ
     first_k_cap: int = 4096  # largest top-K accepted in an Open

@@ -14,6 +14,9 @@ DEFAULT_MAX_MESSAGE_BYTES = 32 << 20  # one frame; a full-distribution uplink bl
 DEFAULT_REPLY_CACHE_BYTES = 64 << 20
 DEFAULT_MAX_REQUESTS = 1024  # open requests in total (KV caches held)
 DEFAULT_MAX_REQUESTS_PER_PEER = 512
+# per authenticated CURVE key, over all of its connections: a tenant that opens new connections
+# gets no new allowance (half the total, so one key cannot take the whole cloud by default)
+DEFAULT_MAX_REQUESTS_PER_KEY = 512
 DEFAULT_KV_SHARE = 0.5  # of the memory the KV lives in (RAM, or the GPU's), when no budget is given
 
 
@@ -107,33 +110,47 @@ def default_kv_budget(device) -> int:
     return int(DEFAULT_KV_SHARE * os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
 
 
-def quota_for(target, max_total: int, max_per_peer: int, kv_budget: int | None) -> RequestQuota:
-    """The cloud's quota for `target`: `kv_budget` bytes of KV (None: default_kv_budget)."""
+def quota_for(target, config) -> RequestQuota:
+    """The cloud's quota for `target` under a CloudConfig: its `kv_budget_bytes` of KV (None:
+    default_kv_budget), its caps in total, per connection and per client key."""
     from asyncspec.errors import InputError
 
     per_request = request_kv_bytes(target)
-    budget = default_kv_budget(kv_device(target)) if kv_budget is None else kv_budget
+    budget = default_kv_budget(kv_device(target)) if config.kv_budget_bytes is None else config.kv_budget_bytes
     if budget < per_request:
         raise InputError(f"the KV budget ({_mib(budget)}) is below one request's KV ({_mib(per_request)})")
-    return RequestQuota(max_total, max_per_peer, budget, per_request)
+    return RequestQuota(
+        config.max_requests, config.max_requests_per_peer, budget, per_request, config.max_requests_per_key
+    )
 
 
 class RequestQuota:
     """Who owns which open request, and whether a peer may open one more: by count (in total, per
-    connection) and by the KV bytes the open requests reserve (`kv_budget` over `kv_per_request`)."""
+    connection, and per authenticated key over all its connections) and by the KV bytes the open
+    requests reserve (`kv_budget` over `kv_per_request`). A peer without a key (no authenticator)
+    is bounded per connection and in total only."""
 
-    def __init__(self, max_total: int, max_per_peer: int, kv_budget: int | None = None, kv_per_request: int = 0):
-        self.max_total, self.max_per_peer = max_total, max_per_peer
+    def __init__(
+        self,
+        max_total: int,
+        max_per_peer: int,
+        kv_budget: int | None = None,
+        kv_per_request: int = 0,
+        max_per_key: int = DEFAULT_MAX_REQUESTS_PER_KEY,
+    ):
+        self.max_total, self.max_per_peer, self.max_per_key = max_total, max_per_peer, max_per_key
         self.kv_budget, self.kv_per_request = kv_budget, kv_per_request
         self.owner: dict[int, bytes] = {}
+        self.key_of: dict[int, bytes] = {}  # request -> the authenticated key that opened it
         self.per_peer: Counter = Counter()
+        self.per_key: Counter = Counter()
 
     @property
     def kv_reserved(self) -> int:
         return len(self.owner) * self.kv_per_request
 
-    def refusal(self, peer: bytes, request: int) -> str | None:
-        """Why `peer` may not open `request` (None: it may)."""
+    def refusal(self, peer: bytes, request: int, key: bytes | None = None) -> str | None:
+        """Why `peer` (authenticated as `key`, if any) may not open `request` (None: it may)."""
         owner = self.owner.get(request)
         if owner is not None:
             return None if owner == peer else "the request id belongs to another connection"
@@ -146,6 +163,8 @@ class RequestQuota:
             )
         if self.per_peer[peer] >= self.max_per_peer:
             return f"this connection holds its limit of {self.max_per_peer} open requests"
+        if key is not None and self.per_key[key] >= self.max_per_key:
+            return f"this client key holds its limit of {self.max_per_key} open requests over all its connections"
         return None
 
     def owns(self, peer: bytes, request: int) -> bool:
@@ -153,17 +172,28 @@ class RequestQuota:
         owner = self.owner.get(request)
         return owner is None or owner == peer
 
-    def add(self, peer: bytes, request: int) -> None:
-        if request not in self.owner:
-            self.owner[request] = peer
-            self.per_peer[peer] += 1
+    def add(self, peer: bytes, request: int, key: bytes | None = None) -> None:
+        if request in self.owner:
+            return
+        self.owner[request] = peer
+        self.per_peer[peer] += 1
+        if key is not None:
+            self.key_of[request] = key
+            self.per_key[key] += 1
 
     def remove(self, request: int) -> None:
         peer = self.owner.pop(request, None)
         if peer is not None:
-            self.per_peer[peer] -= 1
-            if self.per_peer[peer] <= 0:
-                del self.per_peer[peer]
+            _decrement(self.per_peer, peer)
+        key = self.key_of.pop(request, None)
+        if key is not None:
+            _decrement(self.per_key, key)
+
+
+def _decrement(counts: Counter, item: bytes) -> None:
+    counts[item] -= 1
+    if counts[item] <= 0:
+        del counts[item]
 
 
 class PeerLiveness:

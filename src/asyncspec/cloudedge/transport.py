@@ -102,8 +102,10 @@ class Channel:
         on_rejected: Rejected | None = None,
         tracked: Callable[[int, Message], bool] | None = None,
         frame_caps: dict[int, int] | None = None,
+        user_ids: bool = False,
     ) -> None:
         self.socket = socket
+        self.user_ids = user_ids  # a ZAP authenticator runs: frames carry the sender's client key
         self.router = socket.type == zmq.ROUTER
         self.counters = counters or TrafficCounters()
         self.on_rejected = on_rejected
@@ -136,7 +138,24 @@ class Channel:
 
     def receive(self) -> tuple[bytes | None, Message] | None:
         """One waiting message (non-blocking caller: poll first); None for a dropped bad frame."""
-        parts = self.socket.recv_multipart()
+        received = self._receive(self.socket.recv_multipart())
+        return None if received is None else received[:2]
+
+    def receive_authenticated(self) -> tuple[bytes | None, Message, bytes | None] | None:
+        """As receive, with the client key the ZAP authenticator admitted the sender under (its
+        User-Id: the z85 public key), or None where no authenticator runs."""
+        if not self.user_ids:
+            received = self.receive()
+            return None if received is None else (*received, None)
+        frames = self.socket.recv_multipart(copy=False)
+        try:
+            user = str(frames[-1].get("User-Id")).encode() or None
+        except zmq.ZMQError:  # no authenticator on this socket: the frame carries no User-Id
+            user = None
+        received = self._receive([frame.bytes for frame in frames])
+        return None if received is None else (*received, user)
+
+    def _receive(self, parts: list[bytes]) -> tuple[bytes | None, Message] | None:
         identity = parts[0] if self.router else None
         self.counters.count_peer(identity)
         if len(parts) != (2 if self.router else 1):

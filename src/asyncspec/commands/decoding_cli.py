@@ -23,7 +23,8 @@ def add_transcribe(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--output-dir", metavar="DIR", help="write <name>.<format> files here")
     parser.add_argument("--output-format", default="all", help="with --output-dir: txt, srt, vtt, tsv, json or all")
     add_decoding_options(parser, "whisper-base", "whisper-tiny.en")
-    parser.set_defaults(method="as2d", dtype="auto", threads=None)
+    # a file in, text out: once it is flushed the process may skip the interpreter's teardown (cli.entry)
+    parser.set_defaults(method="as2d", dtype="auto", threads=None, exit_without_teardown=True)
     parser.add_argument(
         "--solo-threads",
         type=int,

@@ -69,6 +69,12 @@ def _cloud_limits(parser: argparse.ArgumentParser) -> None:
         "--max-requests-per-peer", type=int, default=limits.DEFAULT_MAX_REQUESTS_PER_PEER, help="per connection"
     )
     parser.add_argument(
+        "--max-requests-per-key",
+        type=int,
+        default=limits.DEFAULT_MAX_REQUESTS_PER_KEY,
+        help="per authenticated client key (--curve-clients), over all of its connections",
+    )
+    parser.add_argument(
         "--kv-budget-mib", type=float, help="KV the open requests may reserve (default: half the RAM or GPU memory)"
     )
     parser.add_argument(
@@ -185,6 +191,7 @@ def run_cloud(args) -> int:
         max_block=args.max_block,
         max_requests=args.max_requests,
         max_requests_per_peer=args.max_requests_per_peer,
+        max_requests_per_key=args.max_requests_per_key,
         kv_budget_bytes=None if args.kv_budget_mib is None else int(args.kv_budget_mib * (1 << 20)),
         max_message_bytes=args.max_message_bytes,
         decision_cache_bytes=args.reply_cache_bytes,

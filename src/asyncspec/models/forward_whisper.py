@@ -1,17 +1,19 @@
 """Whisper's decoder written over a static KV cache (models/fixed_shape.py), reusing the loaded
-transformers modules' weights. Pre-LN layers: self-attention, cross-attention over the encoder
-output, MLP; queries are scaled before the product, as in the reference implementation."""
+modules' weights (whisper_model.py's, or transformers' of the same names). Pre-LN layers:
+self-attention, cross-attention over the encoder output, MLP; queries are scaled before the
+product, as in the reference implementation."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
-from transformers import WhisperForConditionalGeneration
 
 from asyncspec.models.fixed_shape import ATTENTION_DTYPE, StaticKV, attend_all, attend_causal, write_slots
 
 
 class WhisperBlockForward:
-    def __init__(self, model: WhisperForConditionalGeneration):
+    def __init__(self, model: Any):  # whisper_model.WhisperModel or transformers' Whisper
         self.decoder = model.model.decoder
         config = model.config
         self.heads = config.decoder_attention_heads

@@ -28,6 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from asyncspec.errors import InputError
+from asyncspec.models.log_mel import mel_filters
 from asyncspec.models.offline import MANIFEST, REGISTRY, cache_root, prepare
 
 GGML_MAGIC = 0x67676D6C
@@ -87,23 +88,6 @@ def ggml_name(hf_name: str) -> str:
         if inner in _LAYER_NAMES:
             return f"{parts[0]}.blocks.{parts[2]}.{_LAYER_NAMES[inner]}.{parts[-1]}"
     raise InputError(f"{hf_name}: no whisper.cpp tensor corresponds to it")
-
-
-def mel_filters(n_mels: int, n_fft: int = 400, sampling_rate: int = 16_000) -> np.ndarray:
-    """Whisper's filterbank (librosa's slaney mel, as WhisperFeatureExtractor builds it) as
-    (n_mels, n_fft // 2 + 1): whisper.cpp reads one filter per row, the transpose of transformers'."""
-    from transformers.audio_utils import mel_filter_bank
-
-    bank = mel_filter_bank(
-        num_frequency_bins=1 + n_fft // 2,
-        num_mel_filters=n_mels,
-        min_frequency=0.0,
-        max_frequency=sampling_rate / 2,
-        sampling_rate=sampling_rate,
-        norm="slaney",
-        mel_scale="slaney",
-    )
-    return np.ascontiguousarray(bank.T, dtype=np.float32)
 
 
 def vocabulary_bytes(tokenizer_json: Path) -> list[bytes]:

@@ -1,32 +1,29 @@
-"""Whisper backend on transformers weights: the encoder runs once per request in `prefill`; the
-decoder runs on the fixed-shape engine (cross-attention K/V computed once per request), or on
-transformers' own forward for a drafter (`engine="transformers"`)."""
+"""Whisper backend on Hugging Face-format weights: the encoder runs once per request in `prefill`;
+the decoder runs on the fixed-shape engine (cross-attention K/V computed once per request), or on
+transformers' own forward for a drafter (`engine="transformers"`). The fixed-shape engine loads
+the weights into plain torch modules (whisper_model.py) and computes features in torch
+(log_mel.py): transformers is imported only for the transformers engine."""
 
 from __future__ import annotations
 
 import copy
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
-from transformers import (
-    AutoTokenizer,
-    DynamicCache,
-    EncoderDecoderCache,
-    WhisperFeatureExtractor,
-    WhisperForConditionalGeneration,
-)
 
-from asyncspec.audio import SAMPLE_RATE
 from asyncspec.errors import InputError
 from asyncspec.models.base import DecodeRequest, DecoderState
 from asyncspec.models.encoder_placement import EncoderPlacement, place, place_encoder
 from asyncspec.models.fixed_shape import CallShape
 from asyncspec.models.forward_whisper import WhisperBlockForward
 from asyncspec.models.kv_backend import DEFAULT_WIDTH, FIXED_SHAPE, KVBackend
+from asyncspec.models.log_mel import log_mel
 from asyncspec.models.threads import torch_threads
 from asyncspec.models.tokenizer import TextTokenizer
+from asyncspec.models.whisper_model import load_whisper
 from asyncspec.models.whisper_rules import TimestampRules, apply_timestamp_rules
 
 MULTILINGUAL_VOCAB = 51865
@@ -36,7 +33,7 @@ PREFILL_WIDTH = 32
 class WhisperBackend(KVBackend):
     def __init__(
         self,
-        model: WhisperForConditionalGeneration,
+        model: Any,  # whisper_model.WhisperModel, or transformers' WhisperForConditionalGeneration
         tokenizer: TextTokenizer,
         name: str,
         engine: str = FIXED_SHAPE,
@@ -52,14 +49,12 @@ class WhisperBackend(KVBackend):
         self.multilingual = config.vocab_size >= MULTILINGUAL_VOCAB
         self.max_length = config.max_target_positions
         self.eos_ids = frozenset({tokenizer.token_id("<|endoftext|>")})
-        self.features = WhisperFeatureExtractor(feature_size=config.num_mel_bins)
+        self.mel_bins = config.num_mel_bins
         # The encoder runs once per request, before decoding. Its dtype and threads are chosen by
         # measurement (`load` places it; models/encoder_placement.py); built directly, it runs in
         # fp32 on the current threads. Its output is cast to the decoder's dtype.
         self.encoder_placement: EncoderPlacement | None = None
         model.model.encoder.float()
-        self._cache_config = copy.deepcopy(config)
-        self._cache_config.num_hidden_layers = config.decoder_layers
         suppress = _token_list(model, "suppress_tokens")
         begin = _token_list(model, "begin_suppress_tokens")
         self._suppress = _mask(self.vocab_size, suppress)
@@ -78,14 +73,14 @@ class WhisperBackend(KVBackend):
         encoder: str = "auto",
         int8: bool = False,
     ) -> WhisperBackend:
-        from transformers.utils import logging as hf_logging
-
-        hf_logging.disable_progress_bar()  # a local load of ~1 s: a progress bar is only noise on stderr
-        model = WhisperForConditionalGeneration.from_pretrained(str(source), dtype=dtype)
+        local = Path(source) / "model.safetensors"
+        model = load_whisper(source, dtype) if engine == FIXED_SHAPE and local.is_file() else _hf_model(source, dtype)
         tokenizer_file = Path(source) / "tokenizer.json"
         if tokenizer_file.exists():
             tokenizer = TextTokenizer.from_file(tokenizer_file)
         else:
+            from transformers import AutoTokenizer
+
             tokenizer = TextTokenizer(AutoTokenizer.from_pretrained(str(source)).backend_tokenizer)
         backend = cls(model, tokenizer, name, engine=engine, int8=int8)
         backend.place_encoder(place_encoder(backend, encoder))
@@ -127,7 +122,7 @@ class WhisperBackend(KVBackend):
     @torch.inference_mode()
     def encode_audio(self, audio: np.ndarray) -> torch.Tensor:
         """Encoder output [1, 1500, D] for at most 30 s of 16 kHz audio (padded as Whisper expects)."""
-        features = self.features(audio, sampling_rate=SAMPLE_RATE, return_tensors="pt").input_features
+        features = torch.from_numpy(log_mel(audio, self.mel_bins))
         placement = self.encoder_placement
         if placement is None:
             return self.model.model.encoder(features).last_hidden_state.to(self.dtype)
@@ -166,8 +161,12 @@ class WhisperBackend(KVBackend):
     def _block_forward(self) -> WhisperBlockForward:
         return WhisperBlockForward(self.model)
 
-    def _dynamic_cache(self) -> EncoderDecoderCache:
-        return EncoderDecoderCache(DynamicCache(config=self._cache_config), DynamicCache(config=self._cache_config))
+    def _dynamic_cache(self) -> Any:
+        from transformers import DynamicCache, EncoderDecoderCache
+
+        config = copy.deepcopy(self.model.config)
+        config.num_hidden_layers = config.decoder_layers
+        return EncoderDecoderCache(DynamicCache(config=config), DynamicCache(config=config))
 
     def _hidden(self, state: DecoderState, ids: torch.Tensor) -> torch.Tensor:
         decoder = self.model.model.decoder
@@ -218,7 +217,16 @@ def _first_token(tokenizer: TextTokenizer, *names: str) -> int:
     raise KeyError(f"none of {names} is in the vocabulary")
 
 
-def _token_list(model: WhisperForConditionalGeneration, key: str) -> list[int]:
+def _hf_model(source: str | Path, dtype: torch.dtype) -> Any:
+    """transformers' model, whose own forward the transformers engine runs (or a hub id's)."""
+    from transformers import WhisperForConditionalGeneration
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # a local load of ~1 s: a progress bar is only noise on stderr
+    return WhisperForConditionalGeneration.from_pretrained(str(source), dtype=dtype)
+
+
+def _token_list(model: Any, key: str) -> list[int]:
     value = getattr(model.generation_config, key, None) or getattr(model.config, key, None)
     return [int(t) for t in (value or [])]
 

@@ -61,9 +61,6 @@ def load_decoder(
     whose one-token steps cost less and whose output need not be exact. A speech model's `encoder`
     is "auto" (dtype and threads measured on this machine), "fp32", "bf16" or "int8". `dtype`
     "int8" gives the decoder int8 weights (the fixed-shape engine stays exact: int8_linear.py)."""
-    from asyncspec.models.hf_causal import CausalLMBackend
-    from asyncspec.models.hf_whisper import WhisperBackend
-
     source, family = resolve_source(name)
     choice = None
     if dtype == AUTO:
@@ -75,8 +72,12 @@ def load_decoder(
     int8 = dtype == INT8
     backend: Decoder
     if family == "whisper":
+        from asyncspec.models.hf_whisper import WhisperBackend  # no transformers import on this path
+
         backend = WhisperBackend.load(source, name=name, dtype=torch_dtype, engine=engine, encoder=encoder, int8=int8)
     else:
+        from asyncspec.models.hf_causal import CausalLMBackend
+
         backend = CausalLMBackend.load(source, name=name, dtype=torch_dtype, engine=engine, int8=int8)
     backend.precision_choice = choice
     return backend

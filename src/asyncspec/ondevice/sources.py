@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from asyncspec.audio import SAMPLE_RATE
+from asyncspec.models.log_mel import log_mel
 from asyncspec.ondevice.buffer import PublishedBatch
 from asyncspec.ondevice.chunking import chunk_bounds
 
@@ -48,7 +49,6 @@ class ChunkedWhisperSource:
     def __init__(self, spec: ProducerSpec):
         import ctranslate2
         import tokenizers
-        from transformers import WhisperFeatureExtractor
 
         from asyncspec.models.tokenizer import TextTokenizer
 
@@ -57,7 +57,7 @@ class ChunkedWhisperSource:
         self.model = ctranslate2.models.Whisper(
             spec.model_dir, device="cpu", compute_type=spec.compute_type, intra_threads=spec.threads
         )
-        self.features = WhisperFeatureExtractor(feature_size=self.model.n_mels)
+        self.mel_bins = self.model.n_mels
         self.own = TextTokenizer.from_file(os.path.join(spec.model_dir, "tokenizer.json"))
         self.target = TextTokenizer(tokenizers.Tokenizer.from_str(spec.target_tokenizer_json))
         token = self.own.token_id
@@ -90,7 +90,7 @@ class ChunkedWhisperSource:
 
     def _recognise(self, chunk: np.ndarray, history: list[int]) -> list[int]:
         chunk = np.pad(chunk, (0, max(0, MIN_CHUNK_SAMPLES - len(chunk))))
-        mel = self.features(chunk, sampling_rate=SAMPLE_RATE, padding="longest", return_tensors="np").input_features
+        mel = log_mel(chunk, self.mel_bins, pad_to=None)
         mel = mel[..., : mel.shape[-1] - mel.shape[-1] % 2]  # the encoder's stride-2 convolution
         prompt = ([self.previous, *history] if self.spec.use_history and history else []) + self.prompt
         cap = int(len(chunk) / SAMPLE_RATE * TOKENS_PER_SECOND_CAP) + 6  # short chunks can loop
