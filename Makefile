@@ -12,11 +12,9 @@ demo: setup
 	$(VENV)/bin/asyncspec demo
 
 # The tests include the real Qwen pair (exactness through the services), so they prepare it too.
-# Two workers, one test file each at a time: alone, the suite keeps one of two cores busy on average.
-TEST_WORKERS ?= 2
 test: setup lint qwen
 	$(VENV)/bin/asyncspec models prepare whisper-base whisper-tiny.en
-	$(PY) -m pytest -q -rs -n $(TEST_WORKERS) --dist loadfile --durations=20
+	$(PY) -m pytest -q -rs
 
 # Style, then types (mypy's settings: pyproject.toml).
 lint: setup

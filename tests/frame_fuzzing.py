@@ -149,6 +149,6 @@ class LeakyCloud:
         self.cloud, self.kept, self.inner = cloud, [], cloud.handle
         cloud.handle = self
 
-    def __call__(self, identity, message):
+    def __call__(self, identity, message, key=None):
         self.kept.append(bytes(100))
-        return self.inner(identity, message)
+        return self.inner(identity, message, key)

@@ -18,7 +18,7 @@ import torch
 from asyncspec.audio import load_audio
 from asyncspec.data.librivox import librivox_clips
 from asyncspec.errors import InputError
-from asyncspec.models.log_mel import log_mel, mel_filters
+from asyncspec.models.log_mel import log_mel, log_mel_tensor, mel_filters
 from asyncspec.models.whisper_model import load_whisper
 from conftest import real_model_dir
 
@@ -48,6 +48,10 @@ def test_log_mel_matches_transformers_feature_extractor_on_real_speech():
     ours = log_mel(audio, 80)
     assert ours.shape == window.shape == (1, 80, 3000) and ours.dtype == np.float32
     np.testing.assert_allclose(ours, window, atol=1e-4)
+    # the target's form: the very features transformers' torch path computes, bit for bit
+    assert torch.equal(
+        log_mel_tensor(audio, 80), extractor(audio, sampling_rate=16_000, return_tensors="pt").input_features
+    )
     chunk = audio[:50_000]  # the producer's form: the chunk's own length, no padding to 30 s
     own_length = extractor(chunk, sampling_rate=16_000, padding="longest", return_tensors="np").input_features
     np.testing.assert_allclose(log_mel(chunk, 80, pad_to=None), own_length, atol=1e-4)
@@ -67,7 +71,7 @@ def test_loaded_weights_and_encoder_match_transformers():
     for key, tensor in ours.state_dict().items():
         assert torch.equal(tensor, theirs[key]), key
     assert ours.proj_out.weight.data_ptr() == ours.model.decoder.embed_tokens.weight.data_ptr()
-    features = torch.from_numpy(log_mel(_real_audio(), 80))
+    features = log_mel_tensor(_real_audio(), 80)
     with torch.inference_mode():
         mine = ours.model.encoder(features).last_hidden_state
         expected = reference.model.encoder(features).last_hidden_state

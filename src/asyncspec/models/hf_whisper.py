@@ -20,7 +20,7 @@ from asyncspec.models.encoder_placement import EncoderPlacement, place, place_en
 from asyncspec.models.fixed_shape import CallShape
 from asyncspec.models.forward_whisper import WhisperBlockForward
 from asyncspec.models.kv_backend import DEFAULT_WIDTH, FIXED_SHAPE, KVBackend
-from asyncspec.models.log_mel import log_mel
+from asyncspec.models.log_mel import log_mel_tensor
 from asyncspec.models.threads import torch_threads
 from asyncspec.models.tokenizer import TextTokenizer
 from asyncspec.models.whisper_model import load_whisper
@@ -122,7 +122,7 @@ class WhisperBackend(KVBackend):
     @torch.inference_mode()
     def encode_audio(self, audio: np.ndarray) -> torch.Tensor:
         """Encoder output [1, 1500, D] for at most 30 s of 16 kHz audio (padded as Whisper expects)."""
-        features = torch.from_numpy(log_mel(audio, self.mel_bins))
+        features = log_mel_tensor(audio, self.mel_bins)
         placement = self.encoder_placement
         if placement is None:
             return self.model.model.encoder(features).last_hidden_state.to(self.dtype)

@@ -1,9 +1,10 @@
-"""Whisper's input features in numpy alone: a periodic-Hann STFT (n_fft 400, hop 160, reflect-padded
-at both ends), power spectrum, librosa's slaney mel filterbank, log10 floored at 1e-10, clamped to
-8 below the maximum and scaled as (x + 4) / 4, the last frame dropped. These are the features
-openai-whisper computes and transformers' WhisperFeatureExtractor reproduces in numpy; computing
-them here keeps transformers (~2.4 s to import on a 2-core EPYC) off the transcription path.
-tests/test_log_mel.py checks them against WhisperFeatureExtractor."""
+"""Whisper's input features without transformers: a periodic-Hann STFT (n_fft 400, hop 160,
+reflect-padded at both ends), power spectrum, librosa's slaney mel filterbank, log10 floored at
+1e-10, clamped to 8 below the maximum and scaled as (x + 4) / 4, the last frame dropped. These are
+the features openai-whisper computes and transformers' WhisperFeatureExtractor reproduces;
+computing them here keeps transformers (~2.4 s to import on a 2-core EPYC) off the
+transcription path.
+tests/test_whisper_model.py checks both forms against WhisperFeatureExtractor."""
 
 from __future__ import annotations
 
@@ -56,13 +57,11 @@ def mel_filters(n_mels: int, n_fft: int = N_FFT, sampling_rate: int = SAMPLE_RAT
 
 
 def log_mel(audio: np.ndarray, n_mels: int, pad_to: int | None = WINDOW_SAMPLES) -> np.ndarray:
-    """[1, n_mels, frames] float32 for 16 kHz mono audio. With `pad_to` (the default: one 30 s
-    window) the audio is cut or zero-padded to that many samples first, as Whisper's windows are;
-    with None it keeps its own length (frames = samples // 160). numpy only: the CTranslate2
-    producer's process never imports torch."""
-    samples = np.asarray(audio, dtype=np.float32)
-    if pad_to is not None:
-        samples = np.pad(samples[:pad_to], (0, max(0, pad_to - len(samples))))
+    """[1, n_mels, frames] float32 for 16 kHz mono audio, in numpy: the CTranslate2 producer's
+    process never imports torch. With `pad_to` (the default: one 30 s window) the audio is cut or
+    zero-padded to that many samples first, as Whisper's windows are; with None it keeps its own
+    length (frames = samples // 160). Within 1e-4 of log_mel_tensor (FFTs differ in rounding)."""
+    samples = _fitted(audio, pad_to)
     padded = np.pad(samples, N_FFT // 2, mode="reflect")
     frames = np.lib.stride_tricks.sliding_window_view(padded, N_FFT)[::HOP_LENGTH][:-1]
     power = np.abs(np.fft.rfft(frames * _hann(), axis=-1)) ** 2  # [frames, n_fft // 2 + 1]
@@ -70,6 +69,29 @@ def log_mel(audio: np.ndarray, n_mels: int, pad_to: int | None = WINDOW_SAMPLES)
     log_spec = np.log10(np.maximum(mel, 1e-10))
     log_spec = np.maximum(log_spec, log_spec.max() - 8.0)
     return ((log_spec + 4.0) / 4.0)[None].astype(np.float32)
+
+
+def log_mel_tensor(audio: np.ndarray, n_mels: int, pad_to: int | None = WINDOW_SAMPLES):
+    """The same features as a torch tensor [1, n_mels, frames], computed with torch.stft in float32:
+    bitwise what WhisperFeatureExtractor's torch path gives, so the target's windows see exactly
+    the input they saw when features came from transformers (a window on the edge of a repetition
+    can turn on a 1e-5 difference)."""
+    import torch
+
+    samples = torch.from_numpy(_fitted(audio, pad_to))
+    window = torch.hann_window(N_FFT)
+    spectrum = torch.stft(samples, N_FFT, HOP_LENGTH, window=window, center=True, return_complex=True)
+    mel = torch.from_numpy(mel_filters(n_mels)) @ (spectrum[:, :-1].abs() ** 2)
+    log_spec = torch.clamp(mel, min=1e-10).log10()
+    log_spec = torch.maximum(log_spec, log_spec.max() - 8.0)
+    return ((log_spec + 4.0) / 4.0).unsqueeze(0)
+
+
+def _fitted(audio: np.ndarray, pad_to: int | None) -> np.ndarray:
+    samples = np.ascontiguousarray(audio, dtype=np.float32)
+    if pad_to is None:
+        return samples
+    return np.pad(samples[:pad_to], (0, max(0, pad_to - len(samples))))
 
 
 @functools.lru_cache(maxsize=1)
