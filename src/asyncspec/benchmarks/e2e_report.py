@@ -103,12 +103,14 @@ def plot(report: dict, path: Path) -> None:
     per_file.legend(fontsize=8)
     columns = np.arange(len(names))
     colors = [f"C{i}" for i in range(len(names))]
-    totals.bar(columns - 0.2, [systems[name]["total_s"] for name in names], 0.4, color=colors, label="warm")
+    totals.bar(
+        columns - 0.2, [systems[name]["total_s"] for name in names], 0.4, color=colors, label="warm (models loaded)"
+    )
     cold = [systems[name].get("cold", {}).get("wall_s", 0.0) for name in names]
-    totals.bar(columns + 0.2, cold, 0.4, color=colors, alpha=0.45, hatch="//", label="cold process")
+    totals.bar(columns + 0.2, cold, 0.4, color=colors, alpha=0.45, hatch="//", label="cold (fresh process)")
     totals.set_xticks(columns, names)
     totals.legend(fontsize=8)
-    totals.set_ylabel("total seconds: warm (models loaded), cold (fresh process)")
+    totals.set_ylabel("total seconds")
     totals.tick_params(axis="x", rotation=45, labelsize=7)
     figure.suptitle(f"bench e2e: {report['model']}, {report['threads']} threads, {report['device']['cpu']}")
     save(figure, path)
