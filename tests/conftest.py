@@ -121,18 +121,6 @@ __all__ = [
 ]
 
 
-def pytest_collection_modifyitems(config, items):
-    """Slow tests (minutes of Qwen 1.5B decoding) run with ASYNCSPEC_SLOW=1, or via the benchmarks."""
-    import os
-
-    if os.environ.get("ASYNCSPEC_SLOW") == "1":
-        return
-    skip = pytest.mark.skip(reason="slow: set ASYNCSPEC_SLOW=1 (also covered by `asyncspec bench methods`)")
-    for item in items:
-        if "slow" in item.keywords:
-            item.add_marker(skip)
-
-
 @pytest.fixture(scope="session")
 def whisper_base_bf16():
     from asyncspec.models.registry import load_decoder
