@@ -164,6 +164,45 @@ def test_chunks_cover_the_audio_and_cut_at_quiet_points():
 
 
 @pytest.mark.real
+def test_the_chunked_producer_recognises_four_chunks_a_call_and_publishes_each_in_order(whisper_base_bf16):
+    """~20 s of LibriVox speech with 4 s of silence inside: every audible chunk is published once,
+    in audio order with consecutive offsets, CHUNKS_PER_CALL chunks sharing one recogniser call
+    (one start time), the silent chunk not at all; one call at a time where history prompts each."""
+    from dataclasses import replace
+
+    from asyncspec.models.offline import ct2_model_dir
+    from asyncspec.ondevice import sources
+
+    clips = [load_audio(clip.path) for clip in librivox_clips()[:3]]
+    audio = np.concatenate([clips[0], np.zeros(4 * 16000, np.float32), *clips[1:]])
+    spec = sources.ProducerSpec(
+        model_dir=str(ct2_model_dir("whisper-tiny.en")),
+        target_tokenizer_json=whisper_base_bf16.tokenizer.backend.to_str(),
+    )
+    audible = [
+        bounds
+        for bounds in chunk_bounds(audio, spec.chunk_s)
+        if np.abs(audio[bounds[0] : bounds[1]]).max() >= sources.SILENT_CHUNK_PEAK
+    ]
+    assert len(audible) < len(chunk_bounds(audio, spec.chunk_s))  # the silence is a chunk of its own
+    for use_history, per_call in ((False, sources.CHUNKS_PER_CALL), (True, 1)):
+        published: list[PublishedBatch] = []
+        source = sources.ChunkedWhisperSource(replace(spec, use_history=use_history))
+        source.run(3, audio, published.append, lambda: False)
+        assert [(b.start_s * 16000, b.end_s * 16000) for b in published] == [tuple(map(float, c)) for c in audible]
+        assert [b.offset for b in published] == [
+            sum(len(b.tokens) for b in published[:i]) for i in range(len(published))
+        ]
+        calls = [
+            len([b for b in published if b.started == started])
+            for started in dict.fromkeys(b.started for b in published)
+        ]
+        assert calls == [min(per_call, len(audible) - i) for i in range(0, len(audible), per_call)]
+        assert all(b.request_id == 3 for b in published)
+        assert "Dashwood" in whisper_base_bf16.tokenizer.decode([t for b in published for t in b.tokens])
+
+
+@pytest.mark.real
 @pytest.mark.parametrize("kind, clips", [("ct2-chunk", 3), ("autoregressive", 1)])
 def test_real_producer_is_decoupled_and_output_is_exact(whisper_base_bf16, kind, clips):
     from asyncspec.models.offline import ct2_model_dir

@@ -7,10 +7,12 @@ import pickle
 import struct
 
 import msgpack
+import numpy as np
 import pytest
 import torch
 
 from asyncspec.cloudedge import protocol as wire
+from asyncspec.cloudedge import wire_arrays
 
 BLOCK_ID = wire.BlockId(123456789, 42, 3, wire.Sampling(0.7, 5).digest())
 MESSAGES = [
@@ -68,6 +70,35 @@ def test_token_ids_round_trip_as_varints_at_every_width():
     assert wire.pack_ids([]) == b"" and wire.unpack_ids(b"") == []
     with pytest.raises(ValueError):
         wire.pack_ids([2**32])
+
+
+@pytest.mark.parametrize("count", [1, 3, 31, 32, 33])
+def test_short_and_long_id_arrays_take_paths_that_agree(count):
+    """Under 32 ids (or bytes) the codec loops in Python, above it in numpy: same bytes, same ids,
+    the same refusals, on either side of the threshold."""
+    rng = torch.Generator().manual_seed(count)
+    edges = torch.tensor([0, 127, 128, 16_383, 16_384, 2**28, 2**32 - 1])
+    picks = torch.randint(0, 2, (count,), generator=rng).bool()
+    ids = torch.where(picks, edges[torch.randint(0, 7, (count,), generator=rng)], torch.randint(0, 151_936, (count,)))
+    ids = ids.tolist()
+    data = wire_arrays._pack_vectorized(np.asarray(ids, dtype=np.uint64))
+    assert (
+        wire_arrays._pack_short(ids)
+        == data
+        == wire.pack_ids(ids)
+        == wire.pack_ids(np.asarray(ids))
+        == wire.pack_ids(torch.tensor(ids))
+    )
+    assert (
+        wire_arrays._unpack_short(data) == ids == wire_arrays._unpack_vectorized(data).tolist() == wire.unpack_ids(data)
+    )
+    for broken in (data + b"\x80", data + b"\x80" * 5 + b"\x01", data + b"\xff\xff\xff\xff\x7f"):
+        for decode in (wire_arrays._unpack_short, wire_arrays._unpack_vectorized, wire.unpack_ids):
+            with pytest.raises(wire.ProtocolError):
+                decode(broken)
+    for hostile in ([-1], [2**32], [1.5]):
+        with pytest.raises((ValueError, TypeError, OverflowError)):
+            wire.pack_ids(ids[:2] + hostile)
 
 
 def test_fields_left_at_their_defaults_are_not_sent():

@@ -51,3 +51,12 @@ def test_a_stale_placement_entry_is_replaced_not_measured_every_time(tmp_path, m
     path.write_text(json.dumps(stale))  # written before int8 was a candidate
     assert not place_encoder(target).cached
     assert place_encoder(target).cached  # the new measurement replaced it
+
+
+def test_the_encoder_takes_fewer_threads_only_where_its_output_is_thread_invariant():
+    from asyncspec.models.encoder_placement import EncoderPlacement, thread_candidates
+
+    invariant = EncoderPlacement("bf16", 2, {}, thread_invariant=True)
+    assert invariant.threads_for(None) == 2 and invariant.threads_for(1) == 1
+    assert invariant.threads_for(max(thread_candidates()) + 1) == 2  # a count the placement never compared
+    assert EncoderPlacement("bf16", 2, {}, thread_invariant=False).threads_for(1) == 2

@@ -97,10 +97,22 @@ def tiny_models(monkeypatch):
     (the drafter a different seed of the same shape)."""
     torch.manual_seed(0)
     whisper = {"whisper-base": tiny_whisper(seed=0), "whisper-tiny.en": tiny_whisper(seed=1)}
+    for model in whisper.values():
+        monkeypatch.setattr(model, "request", short_requests(model.request))
     causal = {"qwen2.5-coder-1.5b": tiny_causal(seed=0), "qwen2.5-coder-0.5b": tiny_causal(seed=1)}
     models = whisper | causal
     monkeypatch.setattr("asyncspec.models.registry.load_decoder", lambda name, dtype="bf16", **_: models[name])
     return models
+
+
+TOKEN_CAP = 24  # a random model never says end-of-text: it would decode 440 tokens a window
+
+
+def short_requests(request):
+    def capped(*args, max_new_tokens=None, **kwargs):
+        return request(*args, max_new_tokens=min(max_new_tokens or TOKEN_CAP, TOKEN_CAP), **kwargs)
+
+    return capped
 
 
 @pytest.fixture

@@ -136,16 +136,25 @@ def test_the_producer_is_decoupled_and_a_leaky_one_is_caught(transcriber, record
     assert leaky != leaky_perturbed  # the same comparison fails for a producer that follows the target
 
 
-def test_the_readme_example_runs(tmp_path):
+def test_the_readme_example_runs_as_a_script(tmp_path):
+    """The README's example, pasted into a file and run as a user runs it (`python example.py`, no
+    `if __name__ == "__main__":` guard) on an MP3 called talk.mp3."""
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+
     import soundfile
 
-    soundfile.write(tmp_path / "talk.wav", load_audio(librivox_clips()[0].path), SAMPLE_RATE)
-    from asyncspec import Transcriber
-
-    with Transcriber("whisper-base") as t:
-        segments, info = t.transcribe(str(tmp_path / "talk.wav"))
-        text = " ".join(segment.text for segment in segments)
-    assert "Dashwood" in text and info.method == "as2d" and info.stats.windows == 1
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    example = re.search(r"```python\n(from asyncspec import Transcriber.*?)```", readme, re.S).group(1)
+    soundfile.write(tmp_path / "talk.mp3", load_audio(librivox_clips()[0].path), SAMPLE_RATE, format="MP3")
+    (tmp_path / "example.py").write_text(example + "print(info.method, info.stats.windows)\n")
+    done = subprocess.run(
+        [sys.executable, "example.py"], cwd=tmp_path, capture_output=True, text=True, timeout=300, check=False
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "Dashwood" in done.stdout and done.stdout.splitlines()[-1] == "as2d 1", done.stdout
 
 
 def test_target_only_segments_match_faster_whisper_float32(recording):

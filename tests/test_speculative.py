@@ -148,6 +148,7 @@ def test_humaneval_prompts_with_qwen_pair_equal_target_only():
 
     target = load_decoder("qwen2.5-coder-1.5b", "bf16")
     drafter = load_decoder("qwen2.5-coder-0.5b", "bf16", engine="transformers")
-    for prompt in humaneval_prompts(2):
-        request = target.request(prompt, max_new_tokens=32)
-        _assert_equal_to_target(target, drafter, request, budgets=[7])
+    # one prompt: the real pair through the services is test_cloudedge_qwen's (each prompt here
+    # costs ~30 s of 1.5B calls on a 2-core machine)
+    (prompt,) = humaneval_prompts(1)
+    _assert_equal_to_target(target, drafter, target.request(prompt, max_new_tokens=32), budgets=[7])

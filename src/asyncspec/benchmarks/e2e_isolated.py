@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from asyncspec.errors import InputError
+from asyncspec.spawning import start_worker
 
 
 @dataclass
@@ -44,7 +45,7 @@ class SystemWorker:
         # not a daemon: As²d's producer is the asyncspec worker's own child; a worker whose
         # benchmark is gone sees its pipe close and exits
         self.process = context.Process(target=_serve, args=(child, loader, arguments))
-        self.process.start()
+        start_worker(self.process)
         child.close()
         self.ready: WorkerReady = self._reply()
 

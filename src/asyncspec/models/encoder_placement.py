@@ -45,6 +45,12 @@ class EncoderPlacement:
     def torch_dtype(self) -> torch.dtype:
         return ENCODER_DTYPES[self.dtype]
 
+    def threads_for(self, wanted: int | None) -> int:
+        """`wanted` threads where the output is known to be the same there, else the placement's."""
+        if wanted is None or not self.thread_invariant or wanted not in thread_candidates():
+            return self.threads
+        return wanted
+
     def summary(self) -> str:
         timings = ", ".join(f"{k} {v:.0f} ms" for k, v in self.measured_ms.items())
         return f"encoder {self.dtype}, {self.threads} thread(s)" + (f" (measured: {timings})" if timings else "")

@@ -120,13 +120,15 @@ class WhisperBackend(KVBackend):
         return DecodeRequest(prompt_ids=prompt, audio=audio, max_new_tokens=min(max_new_tokens or room, room))
 
     @torch.inference_mode()
-    def encode_audio(self, audio: np.ndarray) -> torch.Tensor:
-        """Encoder output [1, 1500, D] for at most 30 s of 16 kHz audio (padded as Whisper expects)."""
+    def encode_audio(self, audio: np.ndarray, threads: int | None = None) -> torch.Tensor:
+        """Encoder output [1, 1500, D] for at most 30 s of 16 kHz audio (padded as Whisper expects).
+        `threads`: fewer threads than the placement's while a producer has a core, taken only where
+        the placement found the encoder's output bitwise the same at that count."""
         features = log_mel_tensor(audio, self.mel_bins)
         placement = self.encoder_placement
         if placement is None:
             return self.model.model.encoder(features).last_hidden_state.to(self.dtype)
-        with torch_threads(placement.threads):
+        with torch_threads(placement.threads_for(threads)):
             encoded = self.model.model.encoder(features.to(placement.torch_dtype)).last_hidden_state
         return encoded.to(self.dtype)
 

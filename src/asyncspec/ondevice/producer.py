@@ -23,6 +23,7 @@ import numpy as np
 from asyncspec.ondevice.buffer import CandidateBuffer
 from asyncspec.ondevice.messages import Close, Command, Done, Failed, Ready, Start, Stop
 from asyncspec.ondevice.sources import SOURCES, ProducerSpec
+from asyncspec.spawning import start_worker
 
 __all__ = ["ProducerProcess", "ProducerSpec", "worker_main"]
 
@@ -184,7 +185,7 @@ class ProducerProcess:
             daemon=True,
             name=f"producer-{self.spec.kind}",
         )
-        self.process.start()
+        start_worker(self.process)
         self._ready = False
         return self.ready() if wait else 0.0
 

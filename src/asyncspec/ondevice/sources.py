@@ -24,6 +24,10 @@ HISTORY_TOKENS = 48  # own previous text given to the recogniser as context
 # Whisper's feature extractor pads each side by n_fft / 2 = 200 samples with reflection, which needs
 # more input than that (a 10-sample file killed the producer); shorter chunks get zero padding.
 MIN_CHUNK_SAMPLES = 401
+# chunks recognised in one batched call (without history prompts, they are independent): measured
+# with tiny.en int8 on one EPYC thread over a 161 s recording, 3.6 s one at a time, 2.0 s four at a
+# time (its first 30 s published after 0.41 s instead of 0.74 s), 2.2 s eight at a time
+CHUNKS_PER_CALL = 4
 
 
 @dataclass(frozen=True)
@@ -69,36 +73,54 @@ class ChunkedWhisperSource:
 
     def run(self, request_id: int, audio: np.ndarray, publish: Callable, should_stop: Callable[[], bool]) -> None:
         offset, history = 0, list[int]()
-        for start, end in chunk_bounds(audio, self.spec.chunk_s):
+        for group in self._groups(audio):
             if should_stop():
                 return
             began = time.perf_counter()
-            chunk = audio[start:end]
-            if float(np.abs(chunk).max(initial=0.0)) < SILENT_CHUNK_PEAK:
-                continue
-            ids = self._recognise(chunk, history)
-            history = (history + ids)[-HISTORY_TOKENS:]
-            text = self.own.decode(ids)
-            if offset and text and not text[0].isspace():
-                text = " " + text
-            tokens = tuple(self.target.encode(text))
-            start_s, end_s = start / SAMPLE_RATE, end / SAMPLE_RATE
-            publish(
-                PublishedBatch(request_id, self.name, offset, tokens, None, began, time.perf_counter(), start_s, end_s)
-            )
-            offset += len(tokens)
+            recognised = self._recognise([audio[start:end] for start, end in group], history)
+            for (start, end), ids in zip(group, recognised, strict=True):
+                history = (history + ids)[-HISTORY_TOKENS:]
+                text = self.own.decode(ids)
+                if offset and text and not text[0].isspace():
+                    text = " " + text
+                tokens = tuple(self.target.encode(text))
+                start_s, end_s = start / SAMPLE_RATE, end / SAMPLE_RATE
+                publish(
+                    PublishedBatch(
+                        request_id, self.name, offset, tokens, None, began, time.perf_counter(), start_s, end_s
+                    )
+                )
+                offset += len(tokens)
 
-    def _recognise(self, chunk: np.ndarray, history: list[int]) -> list[int]:
-        chunk = np.pad(chunk, (0, max(0, MIN_CHUNK_SAMPLES - len(chunk))))
-        mel = log_mel(chunk, self.mel_bins, pad_to=None)
-        mel = mel[..., : mel.shape[-1] - mel.shape[-1] % 2]  # the encoder's stride-2 convolution
+    def _groups(self, audio: np.ndarray) -> list[list[tuple[int, int]]]:
+        """The audible chunks, CHUNKS_PER_CALL to a recogniser call (one where each is prompted
+        with the text before it)."""
+        size = 1 if self.spec.use_history else CHUNKS_PER_CALL
+        audible = [
+            (start, end)
+            for start, end in chunk_bounds(audio, self.spec.chunk_s)
+            if float(np.abs(audio[start:end]).max(initial=0.0)) >= SILENT_CHUNK_PEAK
+        ]
+        return [audible[i : i + size] for i in range(0, len(audible), size)]
+
+    def _recognise(self, chunks: list[np.ndarray], history: list[int]) -> list[list[int]]:
+        """One batched call over chunks padded with silence to the longest (at least MIN_CHUNK_SAMPLES)."""
+        longest = max(MIN_CHUNK_SAMPLES, *(len(chunk) for chunk in chunks))
+        mels = []
+        for chunk in chunks:
+            mel = log_mel(np.pad(chunk, (0, longest - len(chunk))), self.mel_bins, pad_to=None)
+            mels.append(mel[..., : mel.shape[-1] - mel.shape[-1] % 2])  # the encoder's stride-2 convolution
         prompt = ([self.previous, *history] if self.spec.use_history and history else []) + self.prompt
-        cap = int(len(chunk) / SAMPLE_RATE * TOKENS_PER_SECOND_CAP) + 6  # short chunks can loop
-        features = self.ctranslate2.StorageView.from_array(np.ascontiguousarray(mel, dtype=np.float32))
-        result = self.model.generate(
-            features, [prompt], beam_size=1, max_length=cap, no_repeat_ngram_size=NO_REPEAT_NGRAM
-        )[0]
-        return list(result.sequences_ids[0])
+        cap = int(longest / SAMPLE_RATE * TOKENS_PER_SECOND_CAP) + 6  # short chunks can loop
+        features = np.ascontiguousarray(np.concatenate([mel.reshape(1, *mel.shape[-2:]) for mel in mels]))
+        results = self.model.generate(
+            self.ctranslate2.StorageView.from_array(features.astype(np.float32, copy=False)),
+            [prompt] * len(chunks),
+            beam_size=1,
+            max_length=cap,
+            no_repeat_ngram_size=NO_REPEAT_NGRAM,
+        )
+        return [list(result.sequences_ids[0]) for result in results]
 
 
 class AutoregressiveWhisperSource:

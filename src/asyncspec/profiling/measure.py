@@ -25,6 +25,7 @@ from asyncspec.models.base import Decoder, DecodeRequest
 from asyncspec.ondevice.buffer import PublishedBatch
 from asyncspec.ondevice.sources import SOURCES, ProducerSpec
 from asyncspec.profiling.costs import CONCURRENT, IDLE, CostProfile
+from asyncspec.spawning import start_worker
 
 LOAD_READY_TIMEOUT_S = 120
 
@@ -105,7 +106,7 @@ class ProducerLoad:
         )
 
     def __enter__(self) -> ProducerLoad:
-        self.process.start()
+        start_worker(self.process)
         if not self.ready.wait(LOAD_READY_TIMEOUT_S):
             self.__exit__()
             raise RuntimeError("the producer load process did not start")

@@ -106,9 +106,11 @@ class WindowOutcome:
 
 
 def transcribe_windows(
-    target, decode_window: WindowDecoder, samples: np.ndarray, options: LongformOptions
+    target, decode_window: WindowDecoder, samples: np.ndarray, options: LongformOptions, encode=None
 ) -> Iterator[WindowOutcome]:
-    """Every window of the recording in order, until the seek passes its end."""
+    """Every window of the recording in order, until the seek passes its end. `encode`: audio ->
+    encoder output (default: the target's `encode_audio`)."""
+    encode = encode or target.encode_audio
     content_frames = len(samples) // SAMPLES_PER_FRAME
     seek, index, history, reset_since, segment_id = 0, 0, list[int](), 0, 0
     while seek < content_frames:
@@ -116,7 +118,7 @@ def transcribe_windows(
         end = len(samples) if seek + frames >= content_frames else (seek + frames) * SAMPLES_PER_FRAME
         audio = samples[seek * SAMPLES_PER_FRAME : end]
         previous = history[reset_since:] if options.condition_on_previous_text else []
-        request, encode_s = _encoded_request(target, audio, previous, options)
+        request, encode_s = _encoded_request(target, encode, audio, previous, options)
         span_s = (seek / FRAMES_PER_SECOND, seek / FRAMES_PER_SECOND + len(audio) / SAMPLE_RATE)
         attempts, draws = _decode_with_fallback(target, decode_window, request, span_s, index, options)
         chosen = _choose(attempts, options)
@@ -135,11 +137,11 @@ def transcribe_windows(
         seek, index = max(outcome.next_seek, seek + 1), index + 1  # always forward, however the window ended
 
 
-def _encoded_request(target, audio: np.ndarray, previous: list[int], options) -> tuple[DecodeRequest, float]:
+def _encoded_request(target, encode, audio: np.ndarray, previous: list[int], options) -> tuple[DecodeRequest, float]:
     """The window's request, carrying its encoder output: every draw of a fallback reuses it."""
     request = target.request(audio, language=options.language, timestamps=True, previous=previous)
     started = time.perf_counter()
-    encoded = target.encode_audio(audio)
+    encoded = encode(audio)
     return replace(request, encoded=encoded), time.perf_counter() - started
 
 
