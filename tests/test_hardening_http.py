@@ -119,7 +119,7 @@ def test_chat_messages_are_checked(client):
 
 
 def test_an_api_key_is_required_when_set(live, pair):
-    app = make_app(live.gateway, pair[1].tokenizer, "tiny", guard=GuardConfig(api_key="s3cret"))
+    app = make_app(live.gateway, pair[1].tokenizer, "tiny", guard=GuardConfig(api_keys=("s3cret",)))
     client = TestClient(app)
     assert client.post("/v1/completions", json=NORMAL).status_code == 401
     wrong = client.post("/v1/completions", json=NORMAL, headers={"Authorization": "Bearer nope"})

@@ -90,7 +90,7 @@ def test_uploads_are_decoded_only_after_queue_admission(target):
 
 
 def test_api_key_and_host_allow_list_on_listen(target):
-    guard = GuardConfig(max_body_bytes=300_000, api_key="a-long-enough-key", allowed_hosts=("testserver",))
+    guard = GuardConfig(max_body_bytes=300_000, api_keys=("a-long-enough-key",), allowed_hosts=("testserver",))
     client = TestClient(create_app(make_engine(target), guard=guard))
     assert client.get("/v1/stream/status").status_code == 401
     headers = {"Authorization": "Bearer a-long-enough-key"}

@@ -135,10 +135,10 @@ def test_http_off_loopback_without_a_key_is_refused(host, monkeypatch, capsys):
     guard_config(host, None, 1 << 20, insecure_no_auth=True)
     assert "WITHOUT AUTHENTICATION" in capsys.readouterr().err
     monkeypatch.setenv("ASYNCSPEC_API_KEY", KEY)
-    assert guard_config(host, None, 1 << 20).api_key == KEY
+    assert guard_config(host, None, 1 << 20).api_keys == (KEY,)
     monkeypatch.delenv("ASYNCSPEC_API_KEY")
     for loopback in ("127.0.0.1", "localhost", "::1"):
-        assert guard_config(loopback, None, 1 << 20).api_key is None  # loopback: a key stays optional
+        assert guard_config(loopback, None, 1 << 20).api_keys == ()  # loopback: a key stays optional
 
 
 def test_the_host_allow_list_holds_on_every_bind():

@@ -1,7 +1,8 @@
-"""The gate in front of every HTTP service (the edge's OpenAI API, `listen`): an optional API key
-(`Authorization: Bearer`, as OpenAI clients send it), a Host allow-list (against DNS rebinding of
-a service on loopback), and a cap on request body bytes, checked before any handler runs and
-again while the body streams in (a client may send no Content-Length or a false one).
+"""The gate in front of every HTTP service (the edge's OpenAI API, `listen`): optional API keys
+(`Authorization: Bearer`, as OpenAI clients send it), each with its own cap on requests in flight
+(one client's burst cannot take every place from the others), a Host allow-list (against DNS
+rebinding of a service on loopback), and a cap on request body bytes, checked before any handler
+runs and again while the body streams in (a client may send no Content-Length or a false one).
 
 A plain ASGI middleware, so streaming responses pass through untouched; refusals are JSON in the
 OpenAI error shape. No CORS headers are ever added: browsers on other origins get no access.
@@ -14,6 +15,7 @@ import json
 import os
 import socket
 import sys
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -22,6 +24,10 @@ from asyncspec.errors import InputError
 DEFAULT_MAX_BODY_BYTES = 1 << 20  # JSON completion requests are a few KB
 DEFAULT_MAX_HEADER_BYTES = 32 << 10  # h11's incomplete-event cap misses headers that arrive at once
 API_KEY_ENV = "ASYNCSPEC_API_KEY"
+MIN_KEY_CHARS = 16
+# requests in flight per API key: a service's whole connection cap is 32-64, so one key (one
+# client, or one leaked key) holds at most half of it
+DEFAULT_MAX_REQUESTS_PER_KEY = 16
 FORM_OVERHEAD_BYTES = 64 << 10  # multipart boundaries and small text fields around an uploaded file
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1", "[::1]")
 WILDCARD_HOSTS = ("0.0.0.0", "::", "[::]", "")
@@ -30,9 +36,10 @@ WILDCARD_HOSTS = ("0.0.0.0", "::", "[::]", "")
 @dataclass(frozen=True)
 class GuardConfig:
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
-    api_key: str | None = None  # None: no authentication
+    api_keys: tuple[str, ...] = ()  # empty: no authentication
     allowed_hosts: tuple[str, ...] = field(default=())  # empty: any Host header
     max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES
+    max_requests_per_key: int = DEFAULT_MAX_REQUESTS_PER_KEY
 
 
 def is_loopback_host(host: str) -> bool:
@@ -66,34 +73,45 @@ async def send_error(send, status: int, message: str, kind: str = "invalid_reque
     await send({"type": "http.response.body", "body": body})
 
 
-def load_api_key(path: str | None) -> str | None:
-    """The key from a file (first line) or from $ASYNCSPEC_API_KEY; never from the command line,
-    where every local user could read it in the process list."""
+def load_api_keys(path: str | None) -> tuple[str, ...]:
+    """The keys in a file (one per line, one per client; blank lines and `#` comments skipped) or
+    the one in $ASYNCSPEC_API_KEY; never from the command line, where every local user could read
+    it in the process list. Empty: no authentication."""
     if path is not None:
         try:
-            key = Path(path).read_text().strip().splitlines()[0].strip()
-        except (OSError, IndexError):
-            raise InputError(f"{path}: cannot read an API key from it") from None
+            lines = Path(path).read_text().splitlines()
+        except (OSError, UnicodeDecodeError):
+            raise InputError(f"{path}: cannot read API keys from it") from None
+        keys = [line.strip() for line in lines if line.strip() and not line.strip().startswith("#")]
+        if not keys:
+            raise InputError(f"{path}: holds no API key")
     else:
-        key = os.environ.get(API_KEY_ENV, "").strip()
-    if key and len(key) < 16:
-        raise InputError("the API key must have at least 16 characters")
-    return key or None
+        keys = [key] if (key := os.environ.get(API_KEY_ENV, "").strip()) else []
+    if any(len(key) < MIN_KEY_CHARS for key in keys):
+        raise InputError(f"every API key must have at least {MIN_KEY_CHARS} characters")
+    return tuple(dict.fromkeys(keys))
 
 
 def guard_config(
-    bind_host: str, api_key_file: str | None, max_body_bytes: int, extra_hosts=(), insecure_no_auth: bool = False
+    bind_host: str,
+    api_key_file: str | None,
+    max_body_bytes: int,
+    extra_hosts=(),
+    insecure_no_auth: bool = False,
+    max_requests_per_key: int = DEFAULT_MAX_REQUESTS_PER_KEY,
 ) -> GuardConfig:
     if max_body_bytes < 1024:
         raise InputError(f"the body cap must be at least 1024 bytes, got {max_body_bytes}")
-    key = load_api_key(api_key_file)
-    if key is None and not is_loopback_host(bind_host):
+    if max_requests_per_key < 1:
+        raise InputError(f"the requests per API key must be at least 1, got {max_requests_per_key}")
+    keys = load_api_keys(api_key_file)
+    if not keys and not is_loopback_host(bind_host):
         require_auth_off_loopback(bind_host, insecure_no_auth)
     hosts = allowed_hosts_for(bind_host, tuple(extra_hosts))
     if bind_host in WILDCARD_HOSTS and not extra_hosts:
         note = f"bound to {bind_host or '*'}, but only loopback Host names are answered; add the names clients use"
         print(f"asyncspec: note: {note} with --allow-host NAME", file=sys.stderr, flush=True)
-    return GuardConfig(max_body_bytes, key, hosts)
+    return GuardConfig(max_body_bytes, keys, hosts, max_requests_per_key=max_requests_per_key)
 
 
 def require_auth_off_loopback(bind_host: str, insecure_no_auth: bool) -> None:
@@ -166,6 +184,7 @@ class Guard:
     def __init__(self, app, config: GuardConfig):
         self.app = app
         self.config = config
+        self.in_flight: Counter[int] = Counter()  # requests being served, by API key (its index)
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -177,13 +196,26 @@ class Guard:
         refusal = self._refusal(headers)
         if refusal is not None:
             return await send_error(send, *refusal)
-        return await self._with_body_cap(scope, receive, send)
+        key = _matching_key(headers.get("authorization", ""), self.config.api_keys)
+        if key is None:
+            return await self._with_body_cap(scope, receive, send)
+        if self.in_flight[key] >= self.config.max_requests_per_key:
+            limit = self.config.max_requests_per_key
+            message = f"this API key has {limit} requests in flight, its limit; retry when one has finished"
+            return await send_error(send, 429, message, "rate_limit_error")
+        self.in_flight[key] += 1
+        try:
+            return await self._with_body_cap(scope, receive, send)
+        finally:
+            self.in_flight[key] -= 1
+            if not self.in_flight[key]:
+                del self.in_flight[key]
 
     def _refusal(self, headers: dict[str, str]) -> tuple[int, str, str] | None:
         config = self.config
         if config.allowed_hosts and _host_name(headers.get("host", "")).lower() not in config.allowed_hosts:
             return 400, "the Host header is not one this service answers to", "invalid_request_error"
-        if config.api_key is not None and not _key_matches(headers.get("authorization", ""), config.api_key):
+        if config.api_keys and _matching_key(headers.get("authorization", ""), config.api_keys) is None:
             return 401, "a valid API key is required (Authorization: Bearer KEY)", "authentication_error"
         length = headers.get("content-length")
         if length is not None and (not length.isdigit() or int(length) > config.max_body_bytes):
@@ -222,6 +254,11 @@ def _host_name(host: str) -> str:
     return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
 
 
-def _key_matches(authorization: str, key: str) -> bool:
+def _matching_key(authorization: str, keys: tuple[str, ...]) -> int | None:
+    """The index of the key a Bearer header carries, or None. Every key is compared, in constant
+    time each, so the time taken says nothing about which key came close."""
     scheme, _, given = authorization.partition(" ")
-    return scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), key.encode())
+    if scheme.lower() != "bearer":
+        return None
+    matches = [hmac.compare_digest(given.strip().encode(), key.encode()) for key in keys]
+    return matches.index(True) if any(matches) else None

@@ -32,7 +32,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--max-queue", type=int, default=4, help="requests waiting beyond this get HTTP 429")
     parser.add_argument(
-        "--api-key-file", metavar="FILE", help="require `Authorization: Bearer KEY` (env ASYNCSPEC_API_KEY too)"
+        "--api-key-file",
+        metavar="FILE",
+        help="require `Authorization: Bearer KEY`, KEY a line of FILE (one per client; or env ASYNCSPEC_API_KEY)",
     )
     add_http_auth_options(parser)
     parser.add_argument("--max-upload-bytes", type=int, default=32 << 20, help="largest uploaded file")
@@ -78,7 +80,9 @@ def _bind_http(args):
     from asyncspec.httpguard import FORM_OVERHEAD_BYTES, bind_listening_socket, guard_config
 
     body = args.max_upload_bytes + FORM_OVERHEAD_BYTES
-    guard = guard_config(args.host, args.api_key_file, body, args.allow_host, args.insecure_no_auth)
+    guard = guard_config(
+        args.host, args.api_key_file, body, args.allow_host, args.insecure_no_auth, args.max_requests_per_api_key
+    )
     connection_limits(args, "")  # bad deadlines fail here, before any model loads
     return bind_listening_socket(args.host, args.port), guard
 

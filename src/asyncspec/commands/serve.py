@@ -100,11 +100,19 @@ def _curve_options(parser: argparse.ArgumentParser, server: bool) -> None:
 
 def add_http_auth_options(parser: argparse.ArgumentParser) -> None:
     """Shared with `listen`: who may use an HTTP service bound off loopback, and by which Host names."""
+    from asyncspec.httpguard import DEFAULT_MAX_REQUESTS_PER_KEY
+
     parser.add_argument(
         "--allow-host", "--allowed-host", action="append", default=[], help="a Host name clients use (repeatable)"
     )
     parser.add_argument(
         "--insecure-no-auth", action="store_true", help="serve HTTP off loopback with no API key (loud in the log)"
+    )
+    parser.add_argument(
+        "--max-requests-per-api-key",
+        type=int,
+        default=DEFAULT_MAX_REQUESTS_PER_KEY,
+        help="requests in flight per API key (429 beyond)",
     )
 
 
@@ -132,7 +140,9 @@ def _http_options(parser: argparse.ArgumentParser) -> None:
     from asyncspec.httpguard import DEFAULT_MAX_BODY_BYTES
 
     parser.add_argument(
-        "--api-key-file", metavar="FILE", help="require `Authorization: Bearer KEY` (env ASYNCSPEC_API_KEY too)"
+        "--api-key-file",
+        metavar="FILE",
+        help="require `Authorization: Bearer KEY`, KEY a line of FILE (one per client; or env ASYNCSPEC_API_KEY)",
     )
     parser.add_argument("--http-max-body", type=int, default=DEFAULT_MAX_BODY_BYTES, help="request body bytes")
     parser.add_argument("--http-max-connections", type=int, default=64, help="concurrent HTTP requests (503 beyond)")
@@ -244,7 +254,14 @@ def _bind_http(args):
     host, _, port = args.http.rpartition(":")
     if not host or not port.isdigit():
         raise InputError(f"--http must be HOST:PORT, not {args.http!r}")
-    guard = guard_config(host, args.api_key_file, args.http_max_body, tuple(args.allow_host), args.insecure_no_auth)
+    guard = guard_config(
+        host,
+        args.api_key_file,
+        args.http_max_body,
+        tuple(args.allow_host),
+        args.insecure_no_auth,
+        args.max_requests_per_api_key,
+    )
     connection_limits(args, "http_")  # bad deadlines fail here, before any model loads
     return bind_listening_socket(host, int(port)), guard
 
