@@ -26,10 +26,8 @@ MAX_TOKENS = 16
 
 @pytest.mark.qwen
 @requires_qwen_pair
-def test_qwen_pair_services_equal_generate_for_concurrent_openai_requests():
+def test_qwen_pair_services_equal_generate_for_concurrent_openai_requests(qwen_15b_bf16):
     from openai import OpenAI
-
-    from asyncspec.models.registry import load_decoder
 
     cloud_address, edge_address, port = free_address(), free_address(), free_port()
     cloud = spawn("serve", "cloud", "--model", "qwen2.5-coder-1.5b", "--bind", cloud_address)
@@ -52,7 +50,7 @@ def test_qwen_pair_services_equal_generate_for_concurrent_openai_requests():
     finally:
         for process in (edge, cloud):
             stop_process(process)
-    target = load_decoder("qwen2.5-coder-1.5b", "bf16")
+    target = qwen_15b_bf16
     for prompt, completion in zip(PROMPTS, completions, strict=True):
         reference = decode_target_only(target, None, target.request(prompt, max_new_tokens=MAX_TOKENS)).tokens
         got = completion.model_extra["asyncspec"]["token_ids"]

@@ -142,11 +142,11 @@ def test_librivox_sd_and_specasr_equal_target_only(whisper_base_bf16):
 
 @pytest.mark.qwen
 @requires_qwen_pair
-def test_humaneval_prompts_with_qwen_pair_equal_target_only():
+def test_humaneval_prompts_with_qwen_pair_equal_target_only(qwen_15b_bf16):
     from asyncspec.benchmarks.humaneval import humaneval_prompts
     from asyncspec.models.registry import load_decoder
 
-    target = load_decoder("qwen2.5-coder-1.5b", "bf16")
+    target = qwen_15b_bf16
     drafter = load_decoder("qwen2.5-coder-0.5b", "bf16", engine="transformers")
     # one prompt: the real pair through the services is test_cloudedge_qwen's (each prompt here
     # costs ~30 s of 1.5B calls on a 2-core machine)
