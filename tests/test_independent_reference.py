@@ -1,0 +1,155 @@
+"""The fixed-shape engine against implementations it shares no code with: transformers' `generate`
+and forward for Qwen2.5-Coder 0.5B, CTranslate2 for Whisper base. Self-consistency (every method
+equal to target-only) cannot see an engine that is consistently the wrong model; these can. Each
+comes with that engine as its negative control: the rotary sine flipped past position 64 (a second
+prompt block), Whisper's positional embedding frozen past position 40."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from asyncspec.decoding.target_only import decode_target_only
+from asyncspec.models.base import DecodeRequest
+from conftest import requires_qwen_05b
+
+NEW_TOKENS = 24
+NEAR_TIE = 1e-3  # fp32: a position where transformers' top-2 logits are closer may go either way
+# measured on a 2-core EPYC: bf16 engine against fp32 transformers 0.26 at most (logits up to
+# 32.5); the flipped-sine engine 25.4. fp32 Whisper against CTranslate2 float32 1.1e-4; frozen 12.1.
+QWEN_BF16_LOGIT_BOUND = 1.0
+WHISPER_FP32_LOGIT_BOUND = 1e-2
+
+
+def flip_sine_past(forward, position: int) -> None:
+    """The deliberately wrong causal engine: rotary sine negated at every position >= `position`."""
+    table = type(forward)._rotary_table
+
+    def flipped(self, slots, like):
+        cos, sin = table(self, slots, like)
+        sin = sin.clone()
+        sin[position:] = -sin[position:]
+        return cos, sin
+
+    forward._rotary_table = flipped.__get__(forward)
+
+
+def first_real_difference(ours: list[int], theirs: list[int], logits: torch.Tensor) -> tuple[int, float] | None:
+    """(position, transformers' top-2 margin there) of the first differing token whose margin is at
+    least NEAR_TIE; None when the outputs agree up to a near-tie (after which they may diverge)."""
+    for position, (mine, reference) in enumerate(zip(ours, theirs, strict=True)):
+        if mine != reference:
+            top = logits[position].topk(2).values
+            margin = float(top[0] - top[1])
+            return None if margin < NEAR_TIE else (position, margin)
+    return None
+
+
+@pytest.fixture(scope="module")
+def qwen_prompt():
+    from asyncspec.benchmarks.humaneval import humaneval_prompts
+
+    (prompt,) = humaneval_prompts(1)
+    return prompt
+
+
+def generate_greedy(model, ids: list[int], tokens: int) -> tuple[list[int], torch.Tensor]:
+    out = model.generate(
+        torch.tensor([ids]),
+        max_new_tokens=tokens,
+        do_sample=False,
+        repetition_penalty=1.0,
+        output_logits=True,
+        return_dict_in_generate=True,
+        eos_token_id=None,
+        pad_token_id=0,
+    )
+    return out.sequences[0, len(ids) :].tolist(), torch.cat(out.logits).float()
+
+
+@pytest.mark.qwen
+@requires_qwen_05b
+def test_qwen_fp32_greedy_equals_transformers_generate_past_one_prompt_block(qwen_prompt):
+    from asyncspec.models.registry import load_decoder
+
+    decoder = load_decoder("qwen2.5-coder-0.5b", "fp32")
+    decoder.eos_ids = frozenset()  # every position compared
+    ids = decoder.tokenizer.encode(qwen_prompt)
+    assert len(ids) > 64  # the prompt spans two 64-row prefill blocks
+    theirs, logits = generate_greedy(decoder.model, ids, NEW_TOKENS)
+    request = DecodeRequest(tuple(ids), max_new_tokens=NEW_TOKENS)
+    ours = decode_target_only(decoder, None, request).tokens
+    margins = (logits.topk(2).values[:, 0] - logits.topk(2).values[:, 1]).tolist()
+    near_ties = [(i, round(m, 5)) for i, m in enumerate(margins) if m < NEAR_TIE]
+    print(f"smallest top-2 margin {min(margins):.4f}; near-ties: {near_ties or 'none'}")
+    assert first_real_difference(ours, theirs, logits) is None, (ours, theirs)
+
+    flip_sine_past(decoder.engine.forward, 64)  # the control: consistently the wrong model
+    wrong = decode_target_only(decoder, None, request).tokens
+    assert first_real_difference(wrong, theirs, logits) is not None
+
+
+def forced_logits(decoder, request: DecodeRequest, continuation: list[int]) -> torch.Tensor:
+    """The engine's logits at every position of `continuation` after the request's prompt (teacher-forced)."""
+    state = decoder.prefill(request)
+    first = state.next_logits.float().reshape(1, -1)  # read before `extend` moves it on
+    rows = decoder.extend(state, continuation[:-1]).float().reshape(len(continuation) - 1, -1)
+    return torch.cat([first, rows])
+
+
+@pytest.mark.qwen
+@requires_qwen_05b
+def test_qwen_bf16_logits_stay_near_transformers_fp32(qwen_prompt):
+    from transformers import AutoModelForCausalLM
+
+    from asyncspec.models.offline import model_dir
+    from asyncspec.models.registry import load_decoder
+
+    reference = AutoModelForCausalLM.from_pretrained(str(model_dir("qwen2.5-coder-0.5b")), dtype=torch.float32)
+    decoder = load_decoder("qwen2.5-coder-0.5b", "bf16")
+    ids = decoder.tokenizer.encode(qwen_prompt)
+    continuation, _ = generate_greedy(reference, ids, NEW_TOKENS)
+    with torch.inference_mode():
+        truth = reference(torch.tensor([ids + continuation])).logits[0, len(ids) - 1 : -1].float()
+    request = DecodeRequest(tuple(ids), max_new_tokens=NEW_TOKENS)
+    gap = float((forced_logits(decoder, request, continuation) - truth).abs().max())
+    print(f"bf16 engine against fp32 transformers: max |logit difference| {gap:.3f}")
+    assert gap <= QWEN_BF16_LOGIT_BOUND
+
+    flip_sine_past(decoder.engine.forward, 64)
+    assert float((forced_logits(decoder, request, continuation) - truth).abs().max()) > 10 * QWEN_BF16_LOGIT_BOUND
+
+
+@pytest.mark.real
+def test_whisper_fp32_tokens_and_logits_equal_ctranslate2_on_a_25_s_window():
+    """89 tokens of real speech: CTranslate2 float32's greedy tokens, and its logits at every step
+    within WHISPER_FP32_LOGIT_BOUND (its suppressed entries, -3.4e38, left out)."""
+    import ctranslate2
+
+    from asyncspec.benchmarks.e2e_systems import ct2_directory
+    from asyncspec.data.windows import librivox_windows
+    from asyncspec.models.log_mel import log_mel_tensor
+    from asyncspec.models.registry import load_decoder
+
+    samples = next(s for dataset, _, s in librivox_windows() if dataset == "librivox-25s")
+    decoder = load_decoder("whisper-base", torch.float32, encoder="fp32")
+    request = decoder.request(samples)
+    ct2 = ctranslate2.models.Whisper(str(ct2_directory("whisper-base")), device="cpu", compute_type="float32")
+    features = ctranslate2.StorageView.from_array(np.ascontiguousarray(log_mel_tensor(samples, 80).numpy()))
+    result = ct2.generate(features, [list(request.prompt_ids)], beam_size=1, return_logits_vocab=True)[0]
+    theirs = result.sequences_ids[0]
+    steps = torch.stack([torch.as_tensor(np.asarray(step)).reshape(-1) for step in result.logits[0]]).float()
+    assert len(theirs) > 60  # far past position 40
+    assert decode_target_only(decoder, None, request).tokens == theirs
+
+    def gap() -> float:
+        ours = forced_logits(decoder, request, theirs)
+        kept = torch.isfinite(ours) & (steps[: len(theirs)] > -1e30)
+        return float(torch.where(kept, (ours - steps[: len(theirs)]).abs(), torch.zeros(())).max())
+
+    measured = gap()
+    print(f"fp32 engine against CTranslate2 float32: max |logit difference| {measured:.2e}")
+    assert measured <= WHISPER_FP32_LOGIT_BOUND
+    decoder.engine.forward.last_position = 40  # the control: positions past 40 all read the 40th
+    assert gap() > 100 * WHISPER_FP32_LOGIT_BOUND
