@@ -136,3 +136,13 @@ def qwen_15b_bf16():
     from asyncspec.models.registry import load_decoder
 
     return load_decoder("qwen2.5-coder-1.5b", "bf16")
+
+
+@pytest.fixture(scope="session")
+def qwen_05b_fp32():
+    """Qwen 0.5B on the fp32 engine, its `.model` transformers' own (the reference), loaded once."""
+    from asyncspec.models.offline import prepare
+    from asyncspec.models.registry import load_decoder
+
+    prepare("qwen2.5-coder-0.5b")
+    return load_decoder("qwen2.5-coder-0.5b", "fp32")

@@ -140,12 +140,15 @@ def test_real_whisper_base_rows_are_call_invariant(dtype):
 @pytest.mark.qwen
 @requires_qwen_05b
 @pytest.mark.parametrize("dtype", ["bf16", "fp32", "int8"])
-def test_real_qwen_05b_rows_are_call_invariant(dtype):
+def test_real_qwen_05b_rows_are_call_invariant(dtype, request):
     from asyncspec.models.offline import prepare
     from asyncspec.models.registry import load_decoder
 
     prepare("qwen2.5-coder-0.5b")
-    decoder = load_decoder("qwen2.5-coder-0.5b", dtype)
+    if dtype == "fp32":  # the session's shared fp32 load (the reference tests use it too)
+        decoder = request.getfixturevalue("qwen_05b_fp32")
+    else:
+        decoder = load_decoder("qwen2.5-coder-0.5b", dtype)
     assert invariance(decoder, use_cache=False).passed
     request = decoder.request("def is_prime(n: int) -> bool:\n    ")
     tokens = decoder.tokenizer.encode('"""Return True if n is prime."""\n    if n < 2:\n        return False\n')

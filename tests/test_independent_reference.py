@@ -47,14 +47,6 @@ def first_real_difference(ours: list[int], theirs: list[int], logits: torch.Tens
 
 
 @pytest.fixture(scope="module")
-def qwen_fp32():
-    """The fp32 engine, whose `.model` is transformers' own model over the same weights (one load)."""
-    from asyncspec.models.registry import load_decoder
-
-    return load_decoder("qwen2.5-coder-0.5b", "fp32")
-
-
-@pytest.fixture(scope="module")
 def qwen_prompt():
     from asyncspec.benchmarks.humaneval import humaneval_prompts
 
@@ -78,8 +70,8 @@ def generate_greedy(model, ids: list[int], tokens: int) -> tuple[list[int], torc
 
 @pytest.mark.qwen
 @requires_qwen_05b
-def test_qwen_fp32_greedy_equals_transformers_generate_past_one_prompt_block(qwen_fp32, qwen_prompt, monkeypatch):
-    decoder = qwen_fp32
+def test_qwen_fp32_greedy_equals_transformers_generate_past_one_prompt_block(qwen_05b_fp32, qwen_prompt, monkeypatch):
+    decoder = qwen_05b_fp32
     monkeypatch.setattr(decoder, "eos_ids", frozenset())  # every position compared
     ids = decoder.tokenizer.encode(qwen_prompt)
     assert len(ids) > 64  # the prompt spans two 64-row prefill blocks
@@ -109,10 +101,10 @@ def forced_logits(decoder, request: DecodeRequest, continuation: list[int]) -> t
 
 @pytest.mark.qwen
 @requires_qwen_05b
-def test_qwen_bf16_logits_stay_near_transformers_fp32(qwen_fp32, qwen_prompt):
+def test_qwen_bf16_logits_stay_near_transformers_fp32(qwen_05b_fp32, qwen_prompt):
     from asyncspec.models.registry import load_decoder
 
-    reference = qwen_fp32.model  # transformers' Qwen2ForCausalLM, fp32
+    reference = qwen_05b_fp32.model  # transformers' Qwen2ForCausalLM, fp32
     decoder = load_decoder("qwen2.5-coder-0.5b", "bf16")
     ids = decoder.tokenizer.encode(qwen_prompt)
     continuation, _ = generate_greedy(reference, ids, NEW_TOKENS)
