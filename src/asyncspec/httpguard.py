@@ -193,10 +193,10 @@ class Guard:
         if sum(len(k) + len(v) for k, v in raw) > self.config.max_header_bytes:
             return await send_error(send, 431, f"the request headers exceed {self.config.max_header_bytes} bytes")
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in raw}
-        refusal = self._refusal(headers)
+        key = _matching_key(headers.get("authorization", ""), self.config.api_keys)
+        refusal = self._refusal(headers, key)
         if refusal is not None:
             return await send_error(send, *refusal)
-        key = _matching_key(headers.get("authorization", ""), self.config.api_keys)
         if key is None:
             return await self._with_body_cap(scope, receive, send)
         if self.in_flight[key] >= self.config.max_requests_per_key:
@@ -211,11 +211,12 @@ class Guard:
             if not self.in_flight[key]:
                 del self.in_flight[key]
 
-    def _refusal(self, headers: dict[str, str]) -> tuple[int, str, str] | None:
+    def _refusal(self, headers: dict[str, str], key: int | None) -> tuple[int, str, str] | None:
+        """`key`: the index of the API key the request carries (None: none of them)."""
         config = self.config
         if config.allowed_hosts and _host_name(headers.get("host", "")).lower() not in config.allowed_hosts:
             return 400, "the Host header is not one this service answers to", "invalid_request_error"
-        if config.api_keys and _matching_key(headers.get("authorization", ""), config.api_keys) is None:
+        if config.api_keys and key is None:
             return 401, "a valid API key is required (Authorization: Bearer KEY)", "authentication_error"
         length = headers.get("content-length")
         if length is not None and (not length.isdigit() or int(length) > config.max_body_bytes):
