@@ -23,3 +23,5 @@ def start_worker(process: BaseProcess) -> None:
     finally:
         if main is not None:
             sys.modules["__main__"] = main
+        else:
+            del sys.modules["__main__"]  # an embedding interpreter without one keeps none
