@@ -57,8 +57,8 @@ class ShapeDependentForward:
     def new_cache(self, slots, context):
         return self.inner.new_cache(slots, context)
 
-    def __call__(self, cache, ids, start, real_rows):
-        return self.inner(cache, ids, start, real_rows) + 1e-2 * real_rows
+    def __call__(self, slots, ids):
+        return self.inner(slots, ids) + 1e-2 * len(slots)
 
 
 def shape_dependent(decoder):
@@ -159,8 +159,8 @@ class ThreadDependentForward(ShapeDependentForward):
     """A deliberately broken engine whose hidden states follow the thread count (as a kernel that
     splits a reduction across threads would): every call shape agrees at one count, not across two."""
 
-    def __call__(self, cache, ids, start, real_rows):
-        return self.inner(cache, ids, start, real_rows) + 1e-3 * torch.get_num_threads()
+    def __call__(self, slots, ids):
+        return self.inner(slots, ids) + 1e-3 * torch.get_num_threads()
 
 
 def test_self_test_compares_a_second_thread_count_and_catches_a_thread_dependent_engine():

@@ -73,9 +73,10 @@ def test_as2d_equals_target_only_across_seeks_and_loses_no_speech(transcriber, r
 
 def test_fallback_windows_are_sampled_the_same_by_every_method(transcriber, recording):
     """A log-prob threshold no window meets sends every window through every temperature: the
-    positional samples, and so the chosen outputs and the seeks after them, are equal."""
+    positional samples, and so the chosen outputs and the seeks after them, are equal. One draw per
+    temperature, so As²d verifies its own candidates against each sample."""
     audio = recording[0][: 12 * SAMPLE_RATE]
-    forced = {"log_prob_threshold": 0.0, "best_of": 2, "temperatures": (0.0, 0.5, 1.0)}
+    forced = {"log_prob_threshold": 0.0, "best_of": 1, "temperatures": (0.0, 0.5, 1.0)}
     _, target_info = run(transcriber, audio, "target", **forced)
     _, as2d_info = run(transcriber, audio, "as2d", **forced)
     assert all(len(w.attempts) == 3 for w in target_info.windows)
@@ -83,8 +84,30 @@ def test_fallback_windows_are_sampled_the_same_by_every_method(transcriber, reco
     for expected, got in zip(target_info.windows, as2d_info.windows, strict=True):
         assert [a.result.tokens for a in got.attempts] == [a.result.tokens for a in expected.attempts]
         assert [a.temperature for a in got.attempts] == [0.0, 0.5, 1.0]
+        assert [a.result.method for a in got.attempts] == ["as2d"] * 3  # speculated, not handed to the target
     sampled = [a.result.tokens for a in target_info.windows[0].attempts]
     assert sampled[1] != sampled[0] or sampled[2] != sampled[0]  # a hot window is really sampled
+
+
+def test_best_of_draws_side_by_side_are_the_draws_alone_on_whisper_base(transcriber, recording):
+    """A fallback's best-of draws share the target's calls (decoding/target_draws.py); on the real
+    model every draw is still bitwise its own target-only decode, and the transcription runs them so."""
+    from dataclasses import replace
+
+    from asyncspec.decoding.result import DecodeConfig
+    from asyncspec.decoding.target_draws import decode_target_draws
+    from asyncspec.decoding.target_only import decode_target_only
+
+    target, audio = transcriber.target, recording[0][: 12 * SAMPLE_RATE]
+    request = replace(target.request(audio, timestamps=True), encoded=target.encode_audio(audio))
+    configs = [DecodeConfig(0.6, seed=seed, positional_sampling=True) for seed in (1, 2, 3)]
+    packed = decode_target_draws(target, request, configs)
+    alone = [decode_target_only(target, None, request, config) for config in configs]
+    assert [d.tokens for d in packed] == [d.tokens for d in alone]
+    assert [d.stats.logprobs for d in packed] == [d.stats.logprobs for d in alone]
+    _, info = run(transcriber, audio, "as2d", log_prob_threshold=0.0, best_of=3, temperatures=(0.0, 0.6))
+    draws = info.windows[0].draws
+    assert len(draws) == 4 and [d.result.stats.notes.get("decoded_beside") for d in draws[1:]] == [3] * 3
 
 
 def publications_under(transcriber, audio, perturb: bool, leaky: bool, monkeypatch) -> list:

@@ -143,9 +143,9 @@ def scripted_windows(resume: bool) -> list:
     from asyncspec.trace import Trace
     from asyncspec.transcription.longform import LongformOptions, transcribe_windows
 
-    def decode(request, config, seek_s, end_s):
+    def decode(request, configs, seek_s, end_s):
         tokens = EARLY_END_SCRIPT.get(round(seek_s, 2), [12, 3, 62])
-        return DecodeResult("scripted", tokens, DecodeStats(logprobs=[0.0] * (len(tokens) + 1)), Trace())
+        return [DecodeResult("scripted", tokens, DecodeStats(logprobs=[0.0] * (len(tokens) + 1)), Trace())]
 
     samples = torch.zeros(65 * 16_000).numpy()
     options = LongformOptions(resume_after_early_end=resume)

@@ -61,34 +61,57 @@ class StaticKV:
         return sum(t.numel() * t.element_size() for t in tensors)
 
 
-def write_slots(cache: torch.Tensor, start: int, rows: torch.Tensor) -> None:
-    """cache [H_kv, slots, D_h] <- rows [H_kv, W, D_h] at slots start..start+W-1."""
-    cache[:, start : start + rows.shape[1]] = rows.to(ATTENTION_DTYPE)
+@dataclass(frozen=True)
+class RowSlot:
+    """Where one row of a call lives: its request's cache and its position in that request. The
+    rows of one call may belong to different requests (a window's fallback draws share a call)."""
+
+    cache: StaticKV
+    position: int
+
+
+def block_slots(cache: StaticKV, start: int, real_rows: int) -> list[RowSlot]:
+    """The real rows of a one-request block at positions start, start + 1, ..."""
+    return [RowSlot(cache, start + row) for row in range(real_rows)]
+
+
+def write_rows(layer_tensors: Sequence[torch.Tensor], slots: Sequence[RowSlot], rows: torch.Tensor) -> None:
+    """Each real row's [H_kv, D_h] of rows [H_kv, W, D_h] into its own cache's tensor (one per
+    request, picked from layer_tensors by the request's index) at its own position."""
+    for row, (tensor, slot) in enumerate(zip(layer_tensors, slots, strict=True)):
+        tensor[:, slot.position] = rows[:, row].to(ATTENTION_DTYPE)
 
 
 def attend_causal(
-    queries: torch.Tensor,  # [H, W, D_h] in the model's dtype, rows at positions start..start+W-1
-    keys: torch.Tensor,  # [H_kv, slots, D_h] ATTENTION_DTYPE, already holding this block's rows
-    values: torch.Tensor,  # [H_kv, slots, D_h] ATTENTION_DTYPE
-    start: int,
-    real_rows: int,  # rows past this are padding: their output is zeros
+    queries: torch.Tensor,  # [H, W, D_h] in the model's dtype; row i at slots[i].position
+    keys: Sequence[torch.Tensor],  # per real row: its request's [H_kv, slots, D_h], holding this call's rows
+    values: Sequence[torch.Tensor],  # per real row, likewise
+    slots: Sequence[RowSlot],  # the real rows; rows past them are padding: their output is zeros
     scale: float,
 ) -> torch.Tensor:  # [W, H * D_h] in ATTENTION_DTYPE
-    """Causal self-attention, one row at a time over exactly its own prefix: the row at position p
-    runs products of shape [group, D_h] x [D_h, p + 1], a function of p alone, whichever call it is
-    in. So its cost follows the real context, not the cache's size, and its result is the same in
-    every call. Grouped-query heads share their K/V without a copy."""
+    """Causal self-attention, one row at a time over exactly its own request's prefix: the row at
+    position p runs products of shape [group, D_h] x [D_h, p + 1], a function of p alone, whichever
+    call it is in and whatever request sits beside it. So its cost follows the real context, not
+    the cache's size, and its result is the same in every call. Grouped-query heads share their
+    K/V without a copy."""
     heads, width, head_dim = queries.shape
-    kv_heads = keys.shape[0]
     out = torch.zeros(width, heads * head_dim, dtype=ATTENTION_DTYPE)
-    for row in range(real_rows):
-        visible = start + row + 1
+    for row, slot in enumerate(slots):
+        visible, kv_heads = slot.position + 1, keys[row].shape[0]
         # a fresh contiguous copy: the query's memory layout never depends on its row index
         q = queries[:, row].to(ATTENTION_DTYPE, copy=True).view(kv_heads, heads // kv_heads, head_dim)
-        scores = torch.matmul(q, keys[:, :visible].transpose(1, 2))  # [H_kv, group, p + 1]
+        scores = torch.matmul(q, keys[row][:, :visible].transpose(1, 2))  # [H_kv, group, p + 1]
         weights = torch.softmax(scores * scale if scale != 1.0 else scores, dim=-1)
-        out[row] = torch.matmul(weights, values[:, :visible]).reshape(-1)  # [H_kv, group, D_h]
+        out[row] = torch.matmul(weights, values[row][:, :visible]).reshape(-1)  # [H_kv, group, D_h]
     return out
+
+
+def row_positions(slots: Sequence[RowSlot], width: int, last_position: int | None = None) -> torch.Tensor:
+    """long [width]: each real row's position; padding rows repeat the last real one's."""
+    positions = [slot.position for slot in slots]
+    positions += [positions[-1]] * (width - len(positions))
+    tensor = torch.tensor(positions)
+    return tensor if last_position is None else tensor.clamp(max=last_position)
 
 
 def attend_all(
@@ -115,9 +138,9 @@ class BlockForward(Protocol):
 
     def new_cache(self, slots: int, context: torch.Tensor | None) -> StaticKV: ...
 
-    def __call__(self, cache: StaticKV, ids: torch.Tensor, start: int, real_rows: int) -> torch.Tensor:
-        """ids long [W] at positions start..start+W-1, the first `real_rows` real, the rest padding
-        -> final hidden states [W, D]; writes the block's keys/values into slots start..start+W-1."""
+    def __call__(self, slots: Sequence[RowSlot], ids: torch.Tensor) -> torch.Tensor:
+        """ids long [W], the first len(slots) real (row i at slots[i]), the rest padding -> final
+        hidden states [W, D]; writes each real row's keys/values into its cache at its position."""
         ...
 
 
@@ -176,6 +199,17 @@ class FixedShapeEngine:
             rows.append(self.project(padded)[: len(block)])
         return torch.cat(rows) if rows else torch.empty(0, 0)
 
+    def run_rows(self, slots: Sequence[RowSlot], tokens: Sequence[int]) -> torch.Tensor:
+        """Logits [len(tokens), V] of tokens[i] at slots[i], rows of different requests side by side
+        in calls of `width` rows: each row is computed as in any call of the request's own (one
+        shape, its own prefix), so packing requests together changes no bit of any of them."""
+        width, rows = self.shape.width, []
+        for offset in range(0, len(tokens), width):
+            chunk = list(tokens[offset : offset + width])
+            ids = torch.tensor(chunk + [self.pad_id] * (width - len(chunk)))
+            rows.append(self.project(self.forward(slots[offset : offset + width], ids))[: len(chunk)])
+        return torch.cat(rows) if len(rows) > 1 else rows[0]
+
     def _block(self, cache: StaticKV, start: int, chunk: list[int], width: int) -> torch.Tensor:
         ids = torch.tensor(chunk + [self.pad_id] * (width - len(chunk)))
-        return self.forward(cache, ids, start, len(chunk))  # [width, D]
+        return self.forward(block_slots(cache, start, len(chunk)), ids)  # [width, D]

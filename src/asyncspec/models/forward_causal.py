@@ -4,10 +4,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 from transformers.models.qwen2.modeling_qwen2 import apply_rotary_pos_emb
 
-from asyncspec.models.fixed_shape import StaticKV, attend_causal, write_slots
+from asyncspec.models.fixed_shape import RowSlot, StaticKV, attend_causal, row_positions, write_rows
 
 SUPPORTED_TYPES = frozenset({"qwen2", "qwen3", "llama"})
 
@@ -38,17 +40,17 @@ class CausalBlockForward:
         return self._rotary
 
     @torch.inference_mode()
-    def __call__(self, cache: StaticKV, ids: torch.Tensor, start: int, real_rows: int) -> torch.Tensor:
-        width = ids.shape[0]
+    def __call__(self, slots: Sequence[RowSlot], ids: torch.Tensor) -> torch.Tensor:
         x = self.model.embed_tokens(ids)
-        cos, sin = self._rotary_table(cache.slots, x)
-        rotary = (cos[start : start + width].unsqueeze(0), sin[start : start + width].unsqueeze(0))
+        cos, sin = self._rotary_table(max(slot.cache.slots for slot in slots), x)
+        positions = row_positions(slots, ids.shape[0])
+        rotary = (cos[positions].unsqueeze(0), sin[positions].unsqueeze(0))
         for index, layer in enumerate(self.model.layers):
-            x = x + self._attention(layer.self_attn, layer.input_layernorm(x), cache, index, start, rotary, real_rows)
+            x = x + self._attention(layer.self_attn, layer.input_layernorm(x), slots, index, rotary)
             x = x + layer.mlp(layer.post_attention_layernorm(x))
         return self.model.norm(x)
 
-    def _attention(self, attention, h, cache: StaticKV, index: int, start: int, rotary, real_rows) -> torch.Tensor:
+    def _attention(self, attention, h, slots: Sequence[RowSlot], index: int, rotary) -> torch.Tensor:
         width = h.shape[0]
         queries = attention.q_proj(h).view(1, width, self.heads, self.head_dim).transpose(1, 2)
         keys = attention.k_proj(h).view(1, width, self.kv_heads, self.head_dim).transpose(1, 2)
@@ -56,7 +58,9 @@ class CausalBlockForward:
             queries, keys = attention.q_norm(queries), attention.k_norm(keys)
         values = attention.v_proj(h).view(width, self.kv_heads, self.head_dim).transpose(0, 1)
         queries, keys = apply_rotary_pos_emb(queries, keys, *rotary)
-        write_slots(cache.keys[index], start, keys[0])
-        write_slots(cache.values[index], start, values)
-        out = attend_causal(queries[0], cache.keys[index], cache.values[index], start, real_rows, self.scale)
+        cached_keys = [slot.cache.keys[index] for slot in slots]
+        cached_values = [slot.cache.values[index] for slot in slots]
+        write_rows(cached_keys, slots, keys[0])
+        write_rows(cached_values, slots, values)
+        out = attend_causal(queries[0], cached_keys, cached_values, slots, self.scale)
         return attention.o_proj(out.to(h.dtype))

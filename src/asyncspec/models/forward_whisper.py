@@ -5,11 +5,20 @@ product, as in the reference implementation."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 
-from asyncspec.models.fixed_shape import ATTENTION_DTYPE, StaticKV, attend_all, attend_causal, write_slots
+from asyncspec.models.fixed_shape import (
+    ATTENTION_DTYPE,
+    RowSlot,
+    StaticKV,
+    attend_all,
+    attend_causal,
+    row_positions,
+    write_rows,
+)
 
 
 class WhisperBlockForward:
@@ -41,23 +50,27 @@ class WhisperBlockForward:
         return x.view(x.shape[0], self.heads, self.head_dim).transpose(0, 1)
 
     @torch.inference_mode()
-    def __call__(self, cache: StaticKV, ids: torch.Tensor, start: int, real_rows: int) -> torch.Tensor:
-        width = ids.shape[0]
-        positions = torch.arange(start, start + width).clamp(max=self.last_position)  # padding rows may overrun
+    def __call__(self, slots: Sequence[RowSlot], ids: torch.Tensor) -> torch.Tensor:
+        cross = slots[0].cache.cross
+        if any(slot.cache.cross is not cross for slot in slots):
+            raise ValueError("the rows of one call must share one encoder output")
+        positions = row_positions(slots, ids.shape[0], self.last_position)  # padding rows may overrun
         x = self.decoder.embed_tokens(ids) * self.decoder.embed_scale
         x = x + self.decoder.embed_positions.weight[positions].to(x.dtype)
         for index, layer in enumerate(self.decoder.layers):
-            x = x + self._self_attention(layer, layer.self_attn_layer_norm(x), cache, index, start, real_rows)
-            x = x + self._cross_attention(layer, layer.encoder_attn_layer_norm(x), cache.cross[index])
+            x = x + self._self_attention(layer, layer.self_attn_layer_norm(x), slots, index)
+            x = x + self._cross_attention(layer, layer.encoder_attn_layer_norm(x), cross[index])
             x = x + layer.fc2(layer.activation_fn(layer.fc1(layer.final_layer_norm(x))))
         return self.decoder.layer_norm(x)
 
-    def _self_attention(self, layer, h, cache: StaticKV, index: int, start: int, real_rows: int) -> torch.Tensor:
+    def _self_attention(self, layer, h, slots: Sequence[RowSlot], index: int) -> torch.Tensor:
         attention = layer.self_attn
         queries = self._heads(attention.q_proj(h) * attention.scaling)
-        write_slots(cache.keys[index], start, self._heads(attention.k_proj(h)))
-        write_slots(cache.values[index], start, self._heads(attention.v_proj(h)))
-        out = attend_causal(queries, cache.keys[index], cache.values[index], start, real_rows, scale=1.0)
+        keys = [slot.cache.keys[index] for slot in slots]
+        values = [slot.cache.values[index] for slot in slots]
+        write_rows(keys, slots, self._heads(attention.k_proj(h)))
+        write_rows(values, slots, self._heads(attention.v_proj(h)))
+        out = attend_causal(queries, keys, values, slots, scale=1.0)
         return attention.out_proj(out.to(h.dtype))
 
     def _cross_attention(self, layer, h, cross: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:

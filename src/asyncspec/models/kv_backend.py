@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from asyncspec.models.base import DecoderState
-from asyncspec.models.fixed_shape import CallShape, FixedShapeEngine, StaticKV
+from asyncspec.models.fixed_shape import CallShape, FixedShapeEngine, RowSlot, StaticKV
 from asyncspec.models.int8_linear import Int8Linear, quantize_linears
 from asyncspec.models.tokenizer import TextTokenizer
 
@@ -173,6 +173,27 @@ class KVBackend:
         state.tokens.extend(tokens)
         state.next_logits = logits[-1]
         return logits
+
+    @torch.inference_mode()
+    def extend_each(self, states: Sequence[DecoderState], tokens: Sequence[int]) -> list[torch.Tensor]:
+        """Append tokens[i] to states[i], the requests' rows side by side in calls of the engine's
+        width; the float32 logits [V] after each, bitwise what `extend(states[i], [tokens[i]])`
+        returns (models/fixed_shape.py: a row never sees the call it is in)."""
+        if self.engine is None:
+            raise TypeError("extend_each needs the fixed-shape engine")
+        tokens = [int(t) for t in tokens]
+        for state, token in zip(states, tokens, strict=True):
+            self._check_tokens(state, [token])
+        slots = [RowSlot(state.cache, state.length) for state in states]
+        logits = self.engine.run_rows(slots, tokens).float()
+        rows = []
+        for index, (state, token) in enumerate(zip(states, tokens, strict=True)):
+            row = logits[index : index + 1].clone()  # its own memory: the rules mask it in place
+            self._apply_rules(state, [token], row)
+            state.tokens.append(token)
+            state.next_logits = row[-1]
+            rows.append(row[-1])
+        return rows
 
     def rollback(self, state: DecoderState, length: int) -> None:
         if not 0 < length <= state.length:

@@ -27,7 +27,7 @@ from asyncspec.transcription.longform import LongformOptions, WindowOutcome, tra
 from asyncspec.transcription.segments import Segment
 
 METHODS = ("as2d", "target", "sd", "specasr")
-POSITIONAL_SAMPLERS = {"as2d", "target"}  # methods that decode a fallback window themselves
+POSITIONAL_SAMPLERS = {"as2d", "target"}  # methods that decode a lone fallback draw themselves
 PREFIX_DRAFTED = {"sd", "specasr"}
 
 
@@ -185,18 +185,19 @@ class Transcriber:
     def _window_decoder(self, method: str, files, stats: TranscriptionStats):
         from asyncspec.decoding.methods import METHODS as DECODERS
         from asyncspec.decoding.result import DecodeConfig
+        from asyncspec.decoding.target_draws import decode_target_draws
 
         budgets = (("as2d", self.as2d_budget),) if self.as2d_budget else ()
 
-        def decode(request, config: DecodeConfig, seek_s: float, end_s: float):
-            config = replace(config, budget=self.budget, method_budgets=budgets)
+        def decode(request, configs: list[DecodeConfig], seek_s: float, end_s: float) -> list:
+            configs = [replace(config, budget=self.budget, method_budgets=budgets) for config in configs]
             alone = files is None or files.drafting_done()
-            stats.solo_decodes += alone and self.solo_threads != self.threads
+            stats.solo_decodes += len(configs) if alone and self.solo_threads != self.threads else 0
             with torch_threads(self.solo_threads if alone else self.threads):
-                if config.temperature > 0 and method not in POSITIONAL_SAMPLERS:
-                    return DECODERS["target"](self.target, None, request, config)  # the same positional sample
+                if configs[0].temperature > 0 and (len(configs) > 1 or method not in POSITIONAL_SAMPLERS):
+                    return decode_target_draws(self.target, request, configs)  # every method's positional samples
                 drafter = files.window(seek_s, end_s) if files is not None else self.drafters.get(method)
-                return DECODERS[method](self.target, drafter, request, config)
+                return [DECODERS[method](self.target, drafter, request, config) for config in configs]
 
         return decode
 

@@ -42,8 +42,9 @@ EARLY_END_S = 1.0  # a complete window whose last segment ends this much before 
 MIN_PROGRESS_S = 1.0  # ... if that is this far past its start (no crawl through a noisy stretch)
 DEFAULT_TEMPERATURES = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
 
-# (request, config, seek_s, end_s) -> the method's result for that window
-WindowDecoder = Callable[[DecodeRequest, DecodeConfig, float, float], DecodeResult]
+# (request, configs, seek_s, end_s) -> the method's result for that window under each config: one
+# greedy config, or a temperature's best-of draws (which the decoder may run side by side)
+WindowDecoder = Callable[[DecodeRequest, list[DecodeConfig], float, float], list[DecodeResult]]
 
 
 @dataclass(frozen=True)
@@ -154,12 +155,14 @@ def _decode_with_fallback(
     draws: list[Attempt] = []
     for level, temperature in enumerate(options.temperatures):
         samples = 1 if temperature <= 0 else max(options.best_of, 1)
-        tried = []
-        for draw in range(samples):
-            config = DecodeConfig(temperature=temperature, seed=_seed(options.seed, index, level, draw))
-            if temperature > 0:
-                config = DecodeConfig(temperature=temperature, seed=config.seed, positional_sampling=True)
-            tried.append(_attempt(target, request, decode_window(request, config, seek_s, end_s), temperature))
+        configs = [
+            DecodeConfig(temperature, _seed(options.seed, index, level, draw), positional_sampling=temperature > 0)
+            for draw in range(samples)
+        ]
+        results = decode_window(request, configs, seek_s, end_s)
+        if len(results) != len(configs):
+            raise RuntimeError(f"the window decoder returned {len(results)} results for {len(configs)} draws")
+        tried = [_attempt(target, request, result, temperature) for result in results]
         draws += tried
         attempts.append(max(tried, key=lambda attempt: attempt.avg_logprob))
         if not _needs_fallback(attempts[-1], options):
