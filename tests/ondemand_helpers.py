@@ -11,6 +11,7 @@ import uvicorn
 from asyncspec.ondemand.engine import Engine
 from asyncspec.ondemand.ingest import Ingestor, LatestWindow
 from asyncspec.ondemand.prepared_state import Preparer
+from asyncspec.transcription.longform import LongformOptions
 from hardening_support import running_in_thread
 
 
@@ -22,7 +23,9 @@ def make_engine(target, blocks=None, window_s: float = 4.0, max_queue: int = 4, 
     if blocks is not None:
         ingestor = Ingestor(blocks, window)
         ingestor.subscribe(preparer.on_block)
-    engine = Engine(target, {}, window, preparer, ingestor, max_queue=max_queue, default_method="target")
+    # a random model's windows fail every check: without fallback an upload is one greedy decode a window
+    uploads = LongformOptions(temperatures=(0.0,))
+    engine = Engine(target, {}, window, preparer, ingestor, max_queue, "target", upload_options=uploads)
     if start:
         engine.start()
     if ingestor is not None:

@@ -48,6 +48,8 @@ def test_the_asyncspec_command_fills_its_placeholders(tmp_path):
     argv = expand_command(ASYNCSPEC_COMMAND, [tmp_path / "a.wav", tmp_path / "b.wav"], tmp_path / "out", "as2d")
     assert argv[1:] == [
         "transcribe",
+        "--language",
+        "en",
         "--method",
         "as2d",
         "--output-format",

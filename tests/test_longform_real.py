@@ -194,3 +194,22 @@ def test_target_only_segments_match_faster_whisper_float32(recording):
         ours = [(s.start, s.end, s.text) for s in run(fp32, recording[0], "target", resume_after_early_end=False)[0]]
     assert len(ours) >= 10
     assert sum(segment in theirs for segment in ours) >= 0.8 * max(len(ours), len(theirs))
+
+
+def test_languages_are_detected_and_other_speech_is_translated_target_only(transcriber, recording, tmp_path):
+    """Whisper base: the English recording is detected as English; a German sentence (espeak-ng) as
+    German, which As²d's English-only producer cannot draft, so it is decoded target-only with a
+    note; translated, it comes out in English."""
+    import subprocess
+
+    _, english = transcriber.transcribe(recording[0][: 20 * SAMPLE_RATE], method="as2d")
+    assert english.language == "en" and english.language_probability > 0.9 and english.method == "as2d"
+    path = tmp_path / "de.wav"
+    sentence = "Wir fahren am Wochenende mit dem Zug in die Berge."
+    subprocess.run(["espeak-ng", "-v", "de", "-s", "150", "-w", str(path), sentence], check=True)
+    segments, german = run(transcriber, str(path), "as2d")
+    assert german.language == "de" and german.method == "target" and "English speech only" in german.notes[0]
+    assert "Wochenende" in "".join(s.text for s in segments)
+    translated, info = run(transcriber, str(path), "as2d", task="translate")
+    text = "".join(s.text for s in translated).lower()
+    assert info.options.task == "translate" and "train" in text and "wochenende" not in text

@@ -121,10 +121,14 @@ class ScriptedTarget:
         def decode(ids):
             return " ".join(f"w{i}" for i in ids)
 
-    def request(self, audio, language, timestamps, previous):
+        @staticmethod
+        def encode(text):
+            return [900 + len(word) for word in text.split()]
+
+    def request(self, audio, language, timestamps, previous, task):
         from asyncspec.models.base import DecodeRequest
 
-        return DecodeRequest(prompt_ids=(1,), audio=audio)
+        return DecodeRequest(prompt_ids=(1, *previous), audio=audio)
 
     def encode_audio(self, audio):
         return None
@@ -138,7 +142,7 @@ EARLY_END_SCRIPT = {
 }
 
 
-def scripted_windows(resume: bool) -> list:
+def scripted_windows(resume: bool, **options) -> list:
     from asyncspec.decoding.result import DecodeResult, DecodeStats
     from asyncspec.trace import Trace
     from asyncspec.transcription.longform import LongformOptions, transcribe_windows
@@ -148,8 +152,18 @@ def scripted_windows(resume: bool) -> list:
         return [DecodeResult("scripted", tokens, DecodeStats(logprobs=[0.0] * (len(tokens) + 1)), Trace())]
 
     samples = torch.zeros(65 * 16_000).numpy()
-    options = LongformOptions(resume_after_early_end=resume)
+    options = LongformOptions(resume_after_early_end=resume, **options)
     return list(transcribe_windows(ScriptedTarget(), decode, samples, options))
+
+
+def test_the_initial_prompt_conditions_the_first_window_and_the_history_follows_it():
+    prompted = scripted_windows(True, initial_prompt="  a bb ccc ")
+    prompts = [window.chosen.request.prompt_ids for window in prompted]
+    assert prompts[0] == (1, 901, 902, 903)  # " a bb ccc", stripped, behind a leading space
+    assert prompts[1][:4] == (1, 901, 902, 903) and len(prompts[1]) > 4  # then the first window's text
+    alone = scripted_windows(True, initial_prompt="a bb", condition_on_previous_text=False)
+    assert [w.chosen.request.prompt_ids for w in alone[:2]] == [(1, 901, 902), (1,)]  # the first window only
+    assert scripted_windows(True)[0].chosen.request.prompt_ids == (1,)
 
 
 def test_a_window_that_ends_early_is_followed_from_its_last_segment_and_the_reference_rule_skips():

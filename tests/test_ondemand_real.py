@@ -63,6 +63,14 @@ def _reference(target, audio) -> list[int]:
     return METHODS["target"](target, None, prepare_window(target, audio, 0, 0.0).request, DecodeConfig()).tokens
 
 
+def _recording_reference(target, audio, **options) -> list:
+    """An upload's segments as the library transcribes the same samples target-only, without HTTP."""
+    from asyncspec.transcription.api import Transcriber
+
+    segments, _ = Transcriber.from_loaded(target, {}, "whisper-base").transcribe(audio, method="target", **options)
+    return list(segments)
+
+
 def test_live_as2d_response_equals_target_only(service, whisper_base_bf16):
     from fastapi.testclient import TestClient
 
@@ -79,8 +87,10 @@ def test_live_as2d_response_equals_target_only(service, whisper_base_bf16):
 
 
 def test_concurrent_uploads_each_equal_target_only(service, whisper_base_bf16, speech):
+    """Uploads are recordings: As²d through the long-form algorithm, each segment's tokens equal
+    the library's target-only transcription of the same samples (the language detected: en)."""
     clips = [load_audio(clip.path) for clip in librivox_clips()[1:5:2]] + [speech[200_000:]]
-    expected = [_reference(whisper_base_bf16, clip) for clip in clips]
+    expected = [[list(s.tokens) for s in _recording_reference(whisper_base_bf16, clip)] for clip in clips]
     with running_server(create_app(service)) as url:
         import io
 
@@ -100,24 +110,34 @@ def test_concurrent_uploads_each_equal_target_only(service, whisper_base_bf16, s
         with ThreadPoolExecutor(3) as pool:
             bodies = list(pool.map(post, clips))
     for body, truth in zip(bodies, expected, strict=True):
-        assert body["segments"][0]["tokens"] == truth
-        assert body["asyncspec"]["residual_prepare_s"] > 0  # uploads are prepared on arrival
+        assert [segment["tokens"] for segment in body["segments"]] == truth and truth
+        assert body["language"] == "english" and body["asyncspec"]["method"] == "as2d"
     assert max(b["asyncspec"]["queue_wait_s"] for b in bodies) > 0.2  # they really queued behind each other
 
 
-def test_official_openai_client(service, whisper_base_bf16):
+def test_official_openai_client_gets_every_format_and_a_translation(service, whisper_base_bf16):
     import openai
+    import srt
+    import webvtt
 
     clip = librivox_clips()[1].path
+    truth = _recording_reference(whisper_base_bf16, load_audio(clip))
+    replies = {}
     with running_server(create_app(service)) as url:
         client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+        for fmt in ("json", "text", "srt", "vtt", "verbose_json"):
+            with open(clip, "rb") as audio:
+                replies[fmt] = client.audio.transcriptions.create(model="whisper-base", file=audio, response_format=fmt)
         with open(clip, "rb") as audio:
-            result = client.audio.transcriptions.create(model="whisper-base", file=audio)
-        with open(clip, "rb") as audio:
-            text = client.audio.transcriptions.create(model="whisper-base", file=audio, response_format="text")
-    truth = whisper_base_bf16.tokenizer.decode(_reference(whisper_base_bf16, load_audio(clip))).strip()
-    assert result.text == truth == text.strip()
-    assert "dispose" in truth.lower()
+            translated = client.audio.translations.create(model="whisper-base", file=audio)
+    text = "".join(segment.text for segment in truth).strip()
+    assert replies["json"].text == text == replies["text"].strip() and "dispose" in text.lower()
+    verbose = replies["verbose_json"]
+    assert verbose.language == "english" and [s.text for s in verbose.segments] == [s.text for s in truth]
+    cues = list(srt.parse(replies["srt"]))
+    assert [cue.content for cue in cues] == [s.text.strip() for s in truth]
+    assert [c.text for c in webvtt.from_string(replies["vtt"]).captions] == [cue.content for cue in cues]
+    assert translated.text.strip()  # English into English: Whisper's translate task still answers
 
 
 def test_disconnect_mid_decode_stops_the_producer_and_later_requests_stay_exact(

@@ -32,18 +32,33 @@ def _wav(seconds=2.0) -> bytes:
 
 
 def test_upload_formats(target):
+    """Every response_format of an upload: the recording through the library's long-form path."""
+    import srt
+    import webvtt
+
     engine = make_engine(target)
     client = TestClient(create_app(engine))
     files = {"file": ("a.wav", _wav(), "audio/wav")}
     body = client.post("/v1/audio/transcriptions", files=files, data={"model": "whisper-base"}).json()
-    assert set(body) == {"text", "asyncspec"} and body["asyncspec"]["residual_prepare_s"] > 0
+    assert set(body) == {"text", "asyncspec"} and body["asyncspec"]["windows"] == 1
     text = client.post("/v1/audio/transcriptions", files=files, data={"response_format": "text"})
     assert text.headers["content-type"].startswith("text/plain") and text.text.strip() == body["text"]
     verbose = client.post("/v1/audio/transcriptions", files=files, data={"response_format": "verbose_json"}).json()
-    assert verbose["duration"] == 2.0 and verbose["segments"][0]["text"] == body["text"]
+    assert verbose["duration"] == 2.0 and verbose["task"] == "transcribe" and verbose["language"] == "english"
+    assert "".join(segment["text"] for segment in verbose["segments"]).strip() == body["text"]
     assert verbose["asyncspec"]["n_tokens"] > 0
-    bad = client.post("/v1/audio/transcriptions", files=files, data={"response_format": "srt"})
-    assert bad.status_code == 400 and "response_format" in bad.json()["error"]["message"]
+    subtitles = client.post("/v1/audio/transcriptions", files=files, data={"response_format": "srt"})
+    cues = list(srt.parse(subtitles.text))
+    assert subtitles.headers["content-type"].startswith("application/x-subrip") and len(cues) >= 1
+    vtt = client.post("/v1/audio/transcriptions", files=files, data={"response_format": "vtt"})
+    assert vtt.text.startswith("WEBVTT") and len(webvtt.from_string(vtt.text).captions) == len(cues)
+    for fmt, field in (("mp3", "response_format"), ("x" * 5, "language"), ("2" * 2, "language")):
+        bad = client.post("/v1/audio/transcriptions", files=files, data={field: fmt})
+        assert bad.status_code == 400 and field in bad.json()["error"]["message"]
+    long_prompt = client.post("/v1/audio/transcriptions", files=files, data={"prompt": "word " * 500})
+    assert long_prompt.status_code == 400 and "prompt" in long_prompt.json()["error"]["message"]
+    english_only = client.post("/v1/audio/translations", files=files)
+    assert english_only.status_code == 400 and "English-only" in english_only.json()["error"]["message"]
 
 
 def test_non_audio_upload_is_a_400(target):

@@ -44,6 +44,8 @@ with open(spec["output"], "w") as out:
 ASYNCSPEC_COMMAND = (
     "{asyncspec}",
     "transcribe",
+    "--language",
+    "en",  # as every system of the bench: English audio, no detection pass
     "--method",
     "{method}",
     "--output-format",

@@ -113,7 +113,7 @@ class AsyncspecSystem(StreamingSystem):
 
         target = self.transcriber.target
         settings: dict[str, Any] = {"method": self.method, "dtype": target.precision}
-        settings["longform"] = asdict(LongformOptions())
+        settings["longform"] = asdict(LongformOptions(language="en"))
         if self.method == "as2d":
             producer = self.transcriber.producer.spec
             budget = self.transcriber.budget or self.transcriber.as2d_budget or DEFAULT_BUDGET
@@ -121,7 +121,7 @@ class AsyncspecSystem(StreamingSystem):
         return settings
 
     def transcribe(self, path: Path) -> Transcript:
-        segments, info = self.transcriber.transcribe(path, method=self.method)
+        segments, info = self.transcriber.transcribe(path, method=self.method, language="en")  # as every system
         spans = [Segment(s.start, s.end, s.text.strip()) for s in segments]
         text = " ".join(span.text for span in spans).strip()
         return Transcript(text, segments=spans, info=info, prefill_s=info.stats.prefill_s, decode_s=info.stats.decode_s)

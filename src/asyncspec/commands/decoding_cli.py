@@ -8,6 +8,8 @@ import argparse
 from asyncspec.profiling.deployed import CATALOG
 from asyncspec.run.options import add_decoding_options
 
+TASKS = ("transcribe", "translate")
+
 TRANSCRIBE_HELP = "transcribe audio files"
 GENERATE_HELP = "continue a text prompt"
 DEMO_HELP = "LibriVox clips: every method side by side, exactness and WER"
@@ -18,7 +20,13 @@ JSON_HELP = "write the records, the summary and the exactness verdict here as JS
 
 def add_transcribe(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("audio", nargs="+", help="WAV/FLAC/OGG/MP3 files")
-    parser.add_argument("--language", default="en")
+    parser.add_argument(
+        "--language", default="auto", help="a language code, or auto: detected per file (English-only models: en)"
+    )
+    parser.add_argument(
+        "--task", default="transcribe", choices=["transcribe", "translate"], help="translate: to English"
+    )
+    parser.add_argument("--initial-prompt", default=None, help="text that conditions the first window")
     parser.add_argument("--json", metavar="FILE", help=JSON_HELP)
     parser.add_argument("--output-dir", metavar="DIR", help="write <name>.<format> files here")
     parser.add_argument("--output-format", default="all", help="with --output-dir: txt, srt, vtt, tsv, json or all")

@@ -95,7 +95,9 @@ def longform_options(args) -> LongformOptions:
     if args.best_of < 1:
         raise InputError(f"--best-of must be at least 1, got {args.best_of}")
     return LongformOptions(
-        language=args.language,
+        language=None if args.language == "auto" else args.language,
+        task=args.task,
+        initial_prompt=args.initial_prompt,
         temperatures=temperatures,
         best_of=args.best_of,
         compression_ratio_threshold=args.compression_ratio_threshold,

@@ -7,6 +7,7 @@ the weights into plain torch modules (whisper_model.py) and computes features in
 from __future__ import annotations
 
 import copy
+import functools
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,7 @@ from asyncspec.models.whisper_rules import TimestampRules, apply_timestamp_rules
 
 MULTILINGUAL_VOCAB = 51865
 PREFILL_WIDTH = 32
+TASKS = ("transcribe", "translate")
 
 
 class WhisperBackend(KVBackend):
@@ -91,21 +93,50 @@ class WhisperBackend(KVBackend):
         place(self.model.model.encoder, placement.dtype)
 
     def prompt_ids(
-        self, language: str = "en", timestamps: bool = False, previous: Sequence[int] = ()
+        self, language: str = "en", timestamps: bool = False, previous: Sequence[int] = (), task: str = "transcribe"
     ) -> tuple[int, ...]:
-        """[<|startofprev|> previous text,] start of transcript, [language, transcribe,] and
+        """[<|startofprev|> previous text,] start of transcript, [language, task,] and
         <|notimestamps|> unless the window is decoded with timestamps. At most the last
-        max_length // 2 - 1 previous tokens are kept, as openai-whisper and faster-whisper do."""
+        max_length // 2 - 1 previous tokens are kept, as openai-whisper and faster-whisper do.
+        task: "transcribe", or "translate" (to English; multilingual models only)."""
         token = self.tokenizer.token_id
+        if task not in TASKS:
+            raise InputError(f"task must be one of {', '.join(TASKS)}, got {task!r}")
+        if task != "transcribe" and not self.multilingual:
+            raise InputError(f"{self.name} is English-only: it cannot {task}")
         keep = self.max_length // 2 - 1
         head = (token("<|startofprev|>"), *previous[-keep:]) if previous else ()
         start: tuple[int, ...] = (token("<|startoftranscript|>"),)
         if self.multilingual:
-            try:
-                start += (token(f"<|{language}|>"), token("<|transcribe|>"))
-            except KeyError:
-                raise InputError(f"{self.name} has no language {language!r}") from None
+            if language not in self.languages:
+                raise InputError(f"{self.name} has no language {language!r}")
+            start += (self.languages[language], token(f"<|{task}|>"))
+        elif language != "en":
+            raise InputError(f"{self.name} is English-only, not {language!r}")
         return head + start + (() if timestamps else (self.timestamp_rules.no_timestamps,))
+
+    @functools.cached_property
+    def languages(self) -> dict[str, int]:
+        """Language code -> its token: the ids between <|startoftranscript|> and <|translate|>."""
+        if not self.multilingual:
+            return {"en": -1}
+        token, backend = self.tokenizer.token_id, self.tokenizer.backend
+        first, end = token("<|startoftranscript|>") + 1, token("<|translate|>")
+        return {backend.id_to_token(i)[2:-2]: i for i in range(first, end)}
+
+    @torch.inference_mode()
+    def detect_language(self, encoded: torch.Tensor) -> tuple[str, float, dict[str, float]]:
+        """Whisper's language identification on one window's encoder output: the distribution over
+        the language tokens of the row after <|startoftranscript|> (code, its probability, all)."""
+        if not self.multilingual:
+            return "en", 1.0, {"en": 1.0}
+        state = self._new_state(1, encoded)
+        (row,) = self.prefill_tokens(state, [self.tokenizer.token_id("<|startoftranscript|>")], 1, wanted=[0])
+        codes, ids = zip(*self.languages.items(), strict=True)
+        probs = torch.softmax(row[list(ids)].double(), dim=-1).tolist()
+        everything = dict(zip(codes, probs, strict=True))
+        best = max(everything, key=everything.__getitem__)
+        return best, everything[best], everything
 
     def request(
         self,
@@ -114,8 +145,9 @@ class WhisperBackend(KVBackend):
         max_new_tokens: int | None = None,
         timestamps: bool = False,
         previous: Sequence[int] = (),
+        task: str = "transcribe",
     ) -> DecodeRequest:
-        prompt = self.prompt_ids(language, timestamps, previous)
+        prompt = self.prompt_ids(language, timestamps, previous, task)
         room = self.max_length - len(prompt)
         return DecodeRequest(prompt_ids=prompt, audio=audio, max_new_tokens=min(max_new_tokens or room, room))
 

@@ -5,6 +5,10 @@ The worker charges any preparation still missing at that moment to the request a
 preparation, then decodes with the chosen method from a copy of the prepared state. As²d's producer
 is started by the method itself, after the request arrived, never before (seed 000 App. A).
 A request whose client went away is skipped if still queued, or stopped at its next target call.
+
+An upload is a recording: it is transcribed with Whisper's long-form algorithm through the library
+API (`asyncspec.Transcriber` over this service's target and drafters), so it gets the segments,
+timestamps and checks `asyncspec transcribe` gives, and no word is cut at a 30 s boundary.
 """
 
 from __future__ import annotations
@@ -18,13 +22,14 @@ from typing import Any
 
 import numpy as np
 
-from asyncspec.audio import SAMPLE_RATE, decode_audio_bytes, split_windows
+from asyncspec.audio import SAMPLE_RATE, decode_audio_bytes
 from asyncspec.decoding.methods import METHODS
 from asyncspec.decoding.result import DecodeConfig, DecodeResult
 from asyncspec.errors import InputError
 from asyncspec.models.hf_whisper import WhisperBackend
 from asyncspec.ondemand.ingest import Ingestor, LatestWindow
 from asyncspec.ondemand.prepared_state import PreparedWindow, Preparer, prepare_window
+from asyncspec.transcription.longform import LongformOptions
 
 RESIDUAL_WAIT_S = 60.0  # longest a request waits for the background preparation of its window
 
@@ -61,6 +66,7 @@ class Job:
     live_end_s: float | None = None
     language: str = "en"
     upload: Upload | None = None
+    longform: Any = None  # uploads: transcription.longform.LongformOptions (language None: detect)
     arrived: float = field(default_factory=time.perf_counter)
     cancelled: threading.Event = field(default_factory=threading.Event)
     future: Future = field(default_factory=Future)
@@ -84,9 +90,15 @@ class Response:
     producer_start_after_arrival_s: float | None = None  # as2d: when its producer started drafting
     finish_reason: str = ""
     method_stats: dict[str, Any] = field(default_factory=dict)  # target calls, acceptance, As²d coverage
+    segments: list = field(default_factory=list)  # uploads: transcription.segments.Segment, timed
+    language: str = "en"
+    language_probability: float = 1.0
+    task: str = "transcribe"
+    notes: list[str] = field(default_factory=list)  # e.g. a method that could not draft this speech
 
     def as_dict(self) -> dict[str, Any]:
-        return {k: v for k, v in self.__dict__.items() if k != "tokens"} | {"n_tokens": len(self.tokens)}
+        hidden = ("tokens", "segments")
+        return {k: v for k, v in self.__dict__.items() if k not in hidden} | {"n_tokens": len(self.tokens)}
 
 
 class PreparedTarget:
@@ -150,11 +162,16 @@ class Engine:
         max_queue: int = 4,
         default_method: str = "as2d",
         default_config: DecodeConfig | None = None,
+        upload_options=None,
     ):
+        """upload_options: transcription.longform.LongformOptions every upload starts from (its
+        language, task, prompt and temperature set per request); default faster-whisper's."""
         self.target, self.window, self.preparer, self.ingestor = target, window, preparer, ingestor
         self.drafters_raw = drafters
         self.drafters = {name: TrackedProducer(d) if name == "as2d" and d else d for name, d in drafters.items()}
         self.default_method, self.default_config = default_method, default_config or DecodeConfig()
+        self.transcriber = upload_transcriber(target, drafters, self.default_config)
+        self.upload_options = upload_options or LongformOptions(language=self.transcriber.default_language)
         self.queue: queue.Queue[Job | None] = queue.Queue(maxsize=max_queue)
         self.counters = EngineCounters()
         self.busy = False
@@ -192,15 +209,16 @@ class Engine:
             raise InputError(f"method {method!r} is not loaded in this service (start it with --method {method})")
         return method
 
-    def submit_upload(
-        self, audio: np.ndarray | Upload, method: str | None, config: DecodeConfig | None, language="en"
-    ) -> Job:
-        """Decoded samples, or an Upload the worker decodes after admission."""
+    def submit_upload(self, audio: np.ndarray | Upload, method: str | None, longform=None) -> Job:
+        """Decoded samples, or an Upload the worker decodes after admission; transcribed as a
+        recording with `longform` (transcription.longform.LongformOptions; default: faster-whisper's,
+        the language detected where the model is multilingual)."""
         if isinstance(audio, Upload):
             upload, samples = audio, np.empty(0, dtype=np.float32)
         else:
             upload, samples = None, audio
-        job = Job(self.check_method(method), samples, config or self.default_config, language=language, upload=upload)
+        longform = longform or self.upload_options
+        job = Job(self.check_method(method), samples, self.default_config, upload=upload, longform=longform)
         return self._submit(job)
 
     def submit_live(self, seconds: float | None, method: str | None, config: DecodeConfig | None = None) -> Job:
@@ -255,8 +273,8 @@ class Engine:
         if job.upload is not None:
             upload = job.upload
             job.audio = decode_audio_bytes(upload.data, upload.label, upload.max_seconds, upload.max_samples)
-        windows, residual = self._prepared_windows(job)
-        results = []
+        # a live request's window first: the background preparation may still be finishing it
+        windows, residual = self._prepared_windows(job) if job.longform is None else ([], 0.0)
         producer = self.drafters.get(job.method)
         if isinstance(producer, TrackedProducer):
             producer.started_at = None
@@ -264,13 +282,36 @@ class Engine:
             self.preparer.requests_idle.clear()
         self.busy = True
         try:
-            for prepared in windows:
-                results.append(self._decode(job, prepared))
+            if job.longform is not None:
+                return self._transcribe_recording(job, started)
+            results = [self._decode(job, prepared) for prepared in windows]
         finally:
             self.busy = False
             if self.preparer is not None:
                 self.preparer.requests_idle.set()
-        return self._response(job, started, windows, results, residual)
+        prepared = job.live_version is not None and windows[0].version == job.live_version
+        text = " ".join(self.target.tokenizer.decode(r.tokens).strip() for r in results).strip()
+        return self._response(job, started, results, residual, text, len(windows), prepared)
+
+    def _transcribe_recording(self, job: Job, started: float) -> Response:
+        """An upload through the long-form algorithm; stopped at the next target call once cancelled."""
+
+        def check() -> None:
+            if job.cancelled.is_set():
+                raise RequestCancelled("the client disconnected")
+
+        method = job.method if job.method in self.transcriber.methods else "target"
+        segments, info = self.transcriber.transcribe(job.audio, job.longform, method=method, check=check)
+        segments = list(segments)
+        results = [w.chosen.result for w in info.windows]
+        text = "".join(segment.text for segment in segments).strip()
+        response = self._response(job, started, results, 0.0, text, len(info.windows), False)
+        response.method, response.segments, response.task = info.method, segments, info.options.task
+        response.language, response.language_probability = info.language, info.language_probability
+        response.notes = list(info.notes)
+        if method != job.method:
+            response.notes.append(f"{job.method}: this service's drafts carry no audio time; decoded target-only")
+        return response
 
     def _prepared_windows(self, job: Job) -> tuple[list[PreparedWindow], float]:
         """The request's windows, prepared: from the background when it prepared exactly this view,
@@ -283,8 +324,7 @@ class Engine:
             prepared = self.preparer.wait_for(job.live_version, remaining)
             if prepared and prepared.version == job.live_version and np.array_equal(prepared.request.audio, job.audio):
                 return [prepared], time.perf_counter() - began
-        views = [job.audio] if job.live_version is not None else [w.samples for w in split_windows(job.audio)]
-        windows = [prepare_window(self.target, audio, 0, 0.0, job.language) for audio in views]
+        windows = [prepare_window(self.target, job.audio, 0, 0.0, job.language)]
         return windows, time.perf_counter() - began
 
     def _decode(self, job: Job, prepared: PreparedWindow) -> DecodeResult:
@@ -297,7 +337,9 @@ class Engine:
             if isinstance(drafter, TrackedProducer):
                 drafter.abort()  # only does something when the decode was interrupted
 
-    def _response(self, job, started, windows, results: list[DecodeResult], residual: float) -> Response:
+    def _response(
+        self, job, started, results: list[DecodeResult], residual: float, text: str, windows: int, prepared: bool
+    ) -> Response:
         finished = time.perf_counter()
         tokens = [t for r in results for t in r.tokens]
         latency = finished - job.arrived
@@ -308,7 +350,7 @@ class Engine:
         stages["decode_s"] = decode_s
         producer = self.drafters.get(job.method)
         return Response(
-            text=" ".join(self.target.tokenizer.decode(r.tokens).strip() for r in results).strip(),
+            text=text,
             tokens=tokens,
             method=job.method,
             audio_s=len(job.audio) / SAMPLE_RATE,
@@ -318,15 +360,38 @@ class Engine:
             tps=len(tokens) / latency if latency > 0 else 0.0,
             decode_tps=len(tokens) / decode_s if decode_s > 0 else 0.0,
             stages={k: round(v, 4) for k, v in stages.items()},
-            windows=len(windows),
+            windows=windows,
             window_end_s=job.live_end_s,
-            prepared=job.live_version is not None and windows[0].version == job.live_version,
+            prepared=prepared,
             producer_start_after_arrival_s=round(producer.started_at - job.arrived, 4)
             if isinstance(producer, TrackedProducer) and producer.started_at
             else None,
             finish_reason=results[-1].stats.finish_reason if results else "",
             method_stats=_method_stats(results),
         )
+
+
+def upload_transcriber(target, drafters: dict[str, Any], config: DecodeConfig):
+    """The library's Transcriber over the service's models, for uploads: As²d where the producer's
+    drafts carry audio time (the ct2-chunk kind), sd/specasr with their drafter."""
+    from asyncspec.transcription.api import Transcriber
+    from asyncspec.transcription.loading import LONGFORM_PRODUCER
+
+    usable = dict(drafters)
+    producer = usable.get("as2d")
+    if producer is not None and getattr(getattr(producer, "spec", None), "kind", None) != LONGFORM_PRODUCER:
+        usable.pop("as2d")
+    spec = getattr(producer, "spec", None)
+    budgets = dict(config.method_budgets)
+    return Transcriber.from_loaded(
+        target,
+        usable,
+        target.name,
+        budget=config.budget,
+        as2d_budget=budgets.get("as2d"),
+        producer_model=getattr(spec, "drafter", "whisper-tiny.en"),
+        drafter=getattr(drafters.get("sd"), "name", "whisper-tiny.en"),
+    )
 
 
 def _method_stats(results: list[DecodeResult]) -> dict[str, Any]:

@@ -1,7 +1,9 @@
 """HTTP endpoints (FastAPI): OpenAI-compatible uploads and requests over the live input.
 
-POST /v1/audio/transcriptions   multipart `file` (+ model, language, response_format, temperature,
-                                 and `method` as an extension), as the OpenAI audio API
+POST /v1/audio/transcriptions   multipart `file` (+ model, language, prompt, response_format,
+                                 temperature, and `method` as an extension), as the OpenAI audio API:
+                                 the recording through Whisper's long-form algorithm, with segments
+POST /v1/audio/translations     the same, translated into English
 POST /v1/stream/transcriptions  the latest `seconds` of the live input, from the prepared state
 GET  /v1/stream/status          ingestion, preparation, queue and memory
 Errors use OpenAI's shape {"error": {"message", "type", "code"}}: 400 bad input (also uploads over
@@ -12,24 +14,23 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from fastapi.responses import JSONResponse, Response
 from starlette.formparsers import MultiPartException
 from starlette.requests import ClientDisconnect
 
 from asyncspec.audio import MAX_UPLOAD_DECODED_SAMPLES
-from asyncspec.cloudedge.validation import sampling_problem
-from asyncspec.decoding.result import DecodeConfig
 from asyncspec.errors import InputError
 from asyncspec.httpguard import FORM_OVERHEAD_BYTES, Guard, GuardConfig, install_error_handlers
 from asyncspec.ondemand.engine import Engine, Job, QueueFull, RequestCancelled, ServiceUnavailable, Upload
 from asyncspec.ondemand.engine import Response as Transcription
 from asyncspec.ondemand.memory import memory_report
+from asyncspec.ondemand.responses import language_names, longform_options, render
+from asyncspec.ondemand.responses import response_format as parse_format
 
-FORMATS = ("json", "text", "verbose_json")
 MAX_UPLOAD_BYTES = 32 << 20  # ten minutes of 16-bit stereo at 16 kHz is 38 MB as WAV; compressed far less
 MAX_UPLOAD_S = 600.0  # ten minutes: longer uploads belong to the live input
 DISCONNECT_POLL_S = 0.05
@@ -56,22 +57,31 @@ def create_app(
     install_error_handlers(app)
     _map_service_errors(app)
 
+    language_names()  # verbose_json's table, read once at start-up rather than on a request
+
+    async def upload(request: Request, task: str) -> Response:
+        fields, data = await _read_upload(request, limits.max_bytes)
+        fmt = parse_format(fields.get("response_format"))
+        longform = longform_options(fields, task, engine.upload_options)
+        audio = Upload(data, fields.get("filename", "upload"), limits.max_seconds, limits.max_samples)
+        job = engine.submit_upload(audio, fields.get("method"), longform)
+        return render(await _finish(request, job), fmt)
+
     @app.post("/v1/audio/transcriptions")
     async def transcriptions(request: Request) -> Response:
-        fields, data = await _read_upload(request, limits.max_bytes)
-        response_format = _format(fields.get("response_format"))
-        config = _config(engine, fields.get("temperature"))
-        upload = Upload(data, fields.get("filename", "upload"), limits.max_seconds, limits.max_samples)
-        job = engine.submit_upload(upload, fields.get("method"), config, _language(fields.get("language")))
-        return _render(await _finish(request, job), response_format, fields.get("language") or "en")
+        return await upload(request, "transcribe")
+
+    @app.post("/v1/audio/translations")
+    async def translations(request: Request) -> Response:
+        return await upload(request, "translate")
 
     @app.post("/v1/stream/transcriptions")
     async def live(
         request: Request, seconds: float | None = None, method: str | None = None, response_format: str = "json"
     ) -> Response:
-        response_format = _format(response_format)
+        fmt = parse_format(response_format)
         job = engine.submit_live(seconds, method)
-        return _render(await _finish(request, job), response_format, "en")
+        return render(await _finish(request, job), fmt)
 
     @app.get("/v1/stream/status")
     async def status() -> dict[str, Any]:
@@ -112,13 +122,6 @@ def _map_service_errors(app: FastAPI) -> None:
         return _error(500, f"{type(error).__name__}: {error}", "server_error")
 
 
-def _language(value: str | None) -> str:
-    value = value or "en"
-    if not (value.isascii() and value.isalpha() and 2 <= len(value) <= 3):
-        raise InputError(f"language must be a two- or three-letter code, got {value[:20]!r}")
-    return value
-
-
 async def _read_upload(request: Request, max_bytes: int) -> tuple[dict[str, str], bytes]:
     """The multipart form: a clear 400 when it is malformed, truncated or has no file."""
     try:
@@ -136,26 +139,6 @@ async def _read_upload(request: Request, max_bytes: int) -> tuple[dict[str, str]
     return fields, data
 
 
-def _format(value: str | None) -> str:
-    value = value or "json"
-    if value not in FORMATS:
-        raise InputError(f"response_format must be one of {', '.join(FORMATS)} (got {value!r})")
-    return value
-
-
-def _config(engine: Engine, temperature: str | None) -> DecodeConfig:
-    if temperature in (None, ""):
-        return engine.default_config
-    try:
-        value = float(temperature)
-    except ValueError:
-        raise InputError(f"temperature must be a number, got {temperature[:40]!r}") from None
-    problem = sampling_problem(value, engine.default_config.seed)
-    if problem:
-        raise InputError(problem)
-    return replace(engine.default_config, temperature=value)  # the deployed budgets stay
-
-
 async def _finish(request: Request, job: Job) -> Transcription:
     """Wait for the worker; if the client disconnects first, cancel the job so its work stops."""
     future = asyncio.wrap_future(job.future)
@@ -167,32 +150,6 @@ async def _finish(request: Request, job: Job) -> Transcription:
         if await request.is_disconnected():
             job.cancelled.set()
             raise RequestCancelled("the client disconnected")
-
-
-def _render(result: Transcription, response_format: str, language: str) -> Response:
-    headers = {
-        "X-Asyncspec-Method": result.method,
-        "X-Asyncspec-Latency-S": f"{result.latency_s:.4f}",
-        "X-Asyncspec-Residual-Prepare-S": f"{result.residual_prepare_s:.4f}",
-        "X-Asyncspec-TPS": f"{result.tps:.2f}",
-    }
-    stats = result.as_dict()
-    if response_format == "text":
-        return PlainTextResponse(result.text + "\n", headers=headers)
-    if response_format == "json":
-        return JSONResponse({"text": result.text, "asyncspec": stats}, headers=headers)
-    segment = {"id": 0, "seek": 0, "start": 0.0, "end": result.audio_s, "text": result.text, "tokens": result.tokens}
-    body = {
-        "task": "transcribe",
-        "language": "english" if language == "en" else language,
-        "duration": result.audio_s,
-        "text": result.text,
-        "segments": [
-            segment | {"temperature": 0.0, "avg_logprob": 0.0, "compression_ratio": 0.0, "no_speech_prob": 0.0}
-        ],
-        "asyncspec": stats,
-    }
-    return JSONResponse(body, headers=headers)
 
 
 def _error(status: int, message: str, kind: str, headers: dict[str, str] | None = None) -> JSONResponse:

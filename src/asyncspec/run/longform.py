@@ -17,6 +17,10 @@ def stream_segments(segments, info: TranscriptionInfo, label: str, echo: bool) -
     """Consume a transcription's segments: each one's text on stdout as it arrives (when `echo`),
     progress on stderr, one line per window."""
     kept, windows_seen = [], 0
+    if info.options.language is not None and info.language_probability < 1.0:
+        print(f"{label}: detected language {info.language} (p = {info.language_probability:.2f})", file=sys.stderr)
+    for note in info.notes:
+        print(f"{label}: note: {note}", file=sys.stderr)
     for segment in segments:
         kept.append(segment)
         if echo:
@@ -53,6 +57,8 @@ def window_records(path: str, infos: dict[str, TranscriptionInfo], target, compa
                 record["equal_to_target"] = twin is not None and windows_equal(twin, outcome)
             record |= {
                 "method": method,
+                "method_run": info.method,  # target-only where the method could not draft this speech
+                "language": info.language,
                 "temperature": outcome.chosen.temperature,
                 "fell_back": outcome.fell_back,
                 "skipped": outcome.skipped,

@@ -13,7 +13,7 @@ window equals target-only's (`method="target"`), token for token, timestamps inc
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -23,7 +23,7 @@ import numpy as np
 from asyncspec.audio import SAMPLE_RATE, load_audio, validate_samples
 from asyncspec.errors import InputError
 from asyncspec.models.threads import available_cores, torch_threads
-from asyncspec.transcription.longform import LongformOptions, WindowOutcome, transcribe_windows
+from asyncspec.transcription.longform import LongformOptions, WindowOutcome, transcribe_windows, window_audio
 from asyncspec.transcription.segments import Segment
 
 METHODS = ("as2d", "target", "sd", "specasr")
@@ -60,6 +60,7 @@ class TranscriptionInfo:
     # As²d: what the producer published for the recording, (offset, tokens, start_s, end_s) per
     # batch; a function of the audio alone (the decoupling test compares it across targets)
     publications: list[tuple] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # what the user should know (a method that could not run)
 
 
 class Transcriber:
@@ -98,7 +99,9 @@ class Transcriber:
             raise InputError(f"unknown method {', '.join(unknown) or repr(method)}; choose from {', '.join(METHODS)}")
         as2d = deployed_as2d(loading.LONGFORM_PRODUCER, chunk_s, budget)
         self.model, self.method, self.chunk_s, self.budget = model, self.methods[0], as2d.chunk_s, budget
+        self.producer_model, self.drafter_name = producer_model, drafter
         self.drafters: dict[str, Any] = {}
+        self._owns_models = True
         self.complete_drafting = False  # True: the producer drafts the whole recording (decoupling tests)
         self.as2d_budget = as2d.budget
         producer = None
@@ -121,9 +124,44 @@ class Transcriber:
                 prefix_drafter = load_decoder(drafter, dtype, engine="transformers")
                 self.drafters |= {name: prefix_drafter for name in PREFIX_DRAFTED}
             self.threads, self.solo_threads = decode_threads(self.target, threads, solo_threads)
+            # as faster-whisper: a multilingual model detects the language unless told it
+            self.default_language = None if self.target.multilingual else "en"
         except BaseException:
             self.close()
             raise
+
+    @classmethod
+    def from_loaded(
+        cls,
+        target,
+        drafters: dict[str, Any],
+        model: str,
+        *,
+        budget: int | None = None,
+        as2d_budget: int | None = None,
+        producer_model: str = "whisper-tiny.en",
+        drafter: str = "whisper-tiny.en",
+    ) -> Transcriber:
+        """A transcriber over a target and drafters a service loaded and owns (its As²d producer
+        must be the ct2-chunk kind, whose drafts carry audio time); closing it closes none of them.
+        The decoder keeps the service's thread count throughout."""
+        import torch
+
+        self = cls.__new__(cls)
+        self.methods = ("target", *(name for name in METHODS if drafters.get(name) is not None))
+        self.model, self.method, self.chunk_s, self.budget, self.as2d_budget = (
+            model,
+            "target",
+            None,
+            budget,
+            as2d_budget,
+        )
+        self.producer_model, self.drafter_name = producer_model, drafter
+        self.drafters, self.complete_drafting, self.target = dict(drafters), False, target
+        self.threads = self.solo_threads = torch.get_num_threads()
+        self.default_language = None if target.multilingual else "en"
+        self._owns_models = False
+        return self
 
     def describe_threads(self) -> str:
         return f"decoder threads: {self.threads} beside the producer, {self.solo_threads} alone"
@@ -137,28 +175,55 @@ class Transcriber:
         audio: str | Path | np.ndarray,
         options: LongformOptions | None = None,
         method: str | None = None,
+        check: Callable[[], None] | None = None,
         **overrides: Any,
     ) -> tuple[Iterator[Segment], TranscriptionInfo]:
         """Segments (lazily) and the info of a recording: a path, or 16 kHz mono float32 samples.
-        Keyword overrides are LongformOptions fields (language, temperatures, best_of, thresholds,
-        condition_on_previous_text, seed)."""
+        Keyword overrides are LongformOptions fields (language, task, initial_prompt, temperatures,
+        best_of, thresholds, condition_on_previous_text, seed). language None: detected on the
+        first window, as faster-whisper does (the default of a multilingual model). `check`: called
+        before every target call; what it raises ends the transcription (a service's cancellation)."""
         method = method or self.method
         if method != "target" and method not in self.methods:
             raise InputError(f"this transcriber was not loaded for {method!r} (methods: {', '.join(self.methods)})")
         try:
-            options = replace(options or LongformOptions(), **overrides)
+            options = replace(options or LongformOptions(language=self.default_language), **overrides)
         except TypeError as error:  # an option that does not exist
             raise InputError(f"transcribe: {error}") from None
         samples = self.load(audio)
+        first_window = None
+        probability = 1.0
+        if options.language is None:
+            first_audio = window_audio(samples, 0)[0]
+            first_window = (first_audio, self.target.encode_audio(first_audio))
+            language, probability, _ = self.target.detect_language(first_window[1])
+            options = replace(options, language=language)
+        method, notes = self._runnable(method, options)
         info = TranscriptionInfo(
             language=options.language,
-            language_probability=1.0,
+            language_probability=probability,
             duration=len(samples) / SAMPLE_RATE,
             method=method,
             model=self.model,
             options=options,
+            notes=notes,
         )
-        return self._segments(samples, options, info), info
+        target = self.target if check is None else _Interruptible(self.target, check)
+        return self._segments(target, samples, options, info, first_window), info
+
+    def _runnable(self, method: str, options: LongformOptions) -> tuple[str, list[str]]:
+        """The method, or target-only where its drafter cannot draft this speech: an English-only
+        producer or drafter for another language or for translation (said in a note, never silent)."""
+        drafter = {"as2d": self.producer_model, "sd": self.drafter_name, "specasr": self.drafter_name}.get(method)
+        english = options.language == "en" and options.task == "transcribe"
+        if drafter is None or english or not drafter.endswith(".en"):
+            return method, []
+        what = "English speech" if options.task == "transcribe" else "English transcripts, not translations,"
+        note = (
+            f"{method}: its drafter {drafter} drafts {what} only; this {options.language} {options.task} "
+            "is decoded target-only"
+        )
+        return "target", [note]
 
     @staticmethod
     def load(audio: str | Path | np.ndarray) -> np.ndarray:
@@ -166,14 +231,17 @@ class Transcriber:
             return validate_samples(np.ascontiguousarray(audio, dtype=np.float32), "audio")
         return load_audio(audio)
 
-    def _segments(self, samples: np.ndarray, options: LongformOptions, info: TranscriptionInfo) -> Iterator[Segment]:
+    def _segments(
+        self, target, samples: np.ndarray, options: LongformOptions, info: TranscriptionInfo, first_window=None
+    ) -> Iterator[Segment]:
         from asyncspec.ondevice.timed_view import FileCandidates
 
         uses_producer = info.method == "as2d"
         files = FileCandidates(self.producer, samples, self.target.timestamp_rules) if uses_producer else None
         try:
-            decode = self._window_decoder(info.method, files, info.stats)
-            for outcome in transcribe_windows(self.target, decode, samples, options, self._window_encoder(files)):
+            decode = self._window_decoder(target, info.method, files, info.stats)
+            encode = self._window_encoder(files, first_window)
+            for outcome in transcribe_windows(target, decode, samples, options, encode):
                 _observe(info, outcome)
                 yield from outcome.segments
         finally:
@@ -182,7 +250,7 @@ class Transcriber:
                 info.stats.producer_failure = files.buffer.failure
                 info.publications = [(b.offset, b.tokens, b.start_s, b.end_s) for b in files.buffer.batches]
 
-    def _window_decoder(self, method: str, files, stats: TranscriptionStats):
+    def _window_decoder(self, target, method: str, files, stats: TranscriptionStats):
         from asyncspec.decoding.methods import METHODS as DECODERS
         from asyncspec.decoding.result import DecodeConfig
         from asyncspec.decoding.target_draws import decode_target_draws
@@ -195,24 +263,30 @@ class Transcriber:
             stats.solo_decodes += len(configs) if alone and self.solo_threads != self.threads else 0
             with torch_threads(self.solo_threads if alone else self.threads):
                 if configs[0].temperature > 0 and (len(configs) > 1 or method not in POSITIONAL_SAMPLERS):
-                    return decode_target_draws(self.target, request, configs)  # every method's positional samples
+                    return decode_target_draws(target, request, configs)  # every method's positional samples
                 drafter = files.window(seek_s, end_s) if files is not None else self.drafters.get(method)
-                return [DECODERS[method](self.target, drafter, request, config) for config in configs]
+                return [DECODERS[method](target, drafter, request, config) for config in configs]
 
         return decode
 
-    def _window_encoder(self, files):
+    def _window_encoder(self, files, first_window=None):
         """The encoder on the decoder's threads while the producer drafts on its own core (measured on
         the long-form set, 2-core EPYC: a first window's encoder on both cores beside the producer took
-        2.2 s, against 0.8 s on one), on the placement's once drafting is done."""
+        2.2 s, against 0.8 s on one), on the placement's once drafting is done. `first_window`:
+        (audio, encoder output) already computed for language detection, used once."""
+        primed = [first_window] if first_window is not None else []
 
         def encode(audio: np.ndarray):
+            if primed and _same_samples(primed[0][0], audio):
+                return primed.pop()[1]
             busy = files is not None and not files.drafting_done()
             return self.target.encode_audio(audio, threads=self.threads if busy else None)
 
         return encode
 
     def close(self) -> None:
+        if not self._owns_models:
+            return
         producer = self.drafters.pop("as2d", None)
         if producer is not None:
             producer.close()
@@ -222,6 +296,29 @@ class Transcriber:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class _Interruptible:
+    """The target, with `check` called before each of its decoding calls."""
+
+    def __init__(self, target, check: Callable[[], None]):
+        self._target, self._check = target, check
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._target, name)
+
+    def extend(self, state, tokens):
+        self._check()
+        return self._target.extend(state, tokens)
+
+    def extend_each(self, states, tokens):
+        self._check()
+        return self._target.extend_each(states, tokens)
+
+
+def _same_samples(a: np.ndarray, b: np.ndarray) -> bool:
+    """The same window of the same recording (two views of one array)."""
+    return a.shape == b.shape and a.__array_interface__["data"][0] == b.__array_interface__["data"][0]
 
 
 def beside_threads(threads: int | None) -> int:

@@ -51,7 +51,9 @@ WindowDecoder = Callable[[DecodeRequest, list[DecodeConfig], float, float], list
 class LongformOptions:
     """faster-whisper's defaults, greedy at temperature 0."""
 
-    language: str = "en"
+    language: str = "en"  # the Transcriber detects it where None (a multilingual model's first window)
+    task: str = "transcribe"  # or "translate" (to English)
+    initial_prompt: str | None = None  # text that conditions the first window, as faster-whisper's
     temperatures: tuple[float, ...] = DEFAULT_TEMPERATURES
     best_of: int = 5
     compression_ratio_threshold: float | None = 2.4
@@ -113,12 +115,11 @@ def transcribe_windows(
     encoder output (default: the target's `encode_audio`)."""
     encode = encode or target.encode_audio
     content_frames = len(samples) // SAMPLES_PER_FRAME
-    seek, index, history, reset_since, segment_id = 0, 0, list[int](), 0, 0
+    seek, index, reset_since, segment_id = 0, 0, 0, 0
+    history = initial_prompt_tokens(target, options)
     while seek < content_frames:
-        frames = min(WINDOW_FRAMES, content_frames - seek)
-        end = len(samples) if seek + frames >= content_frames else (seek + frames) * SAMPLES_PER_FRAME
-        audio = samples[seek * SAMPLES_PER_FRAME : end]
-        previous = history[reset_since:] if options.condition_on_previous_text else []
+        audio, frames = window_audio(samples, seek)
+        previous = history[reset_since:]  # without conditioning: the initial prompt, first window only
         request, encode_s = _encoded_request(target, encode, audio, previous, options)
         span_s = (seek / FRAMES_PER_SECOND, seek / FRAMES_PER_SECOND + len(audio) / SAMPLE_RATE)
         attempts, draws = _decode_with_fallback(target, decode_window, request, span_s, index, options)
@@ -138,9 +139,26 @@ def transcribe_windows(
         seek, index = max(outcome.next_seek, seek + 1), index + 1  # always forward, however the window ended
 
 
+def window_audio(samples: np.ndarray, seek: int) -> tuple[np.ndarray, int]:
+    """(the samples of the window at mel frame `seek`, its length in frames): 30 s, or to the end."""
+    content_frames = len(samples) // SAMPLES_PER_FRAME
+    frames = min(WINDOW_FRAMES, content_frames - seek)
+    end = len(samples) if seek + frames >= content_frames else (seek + frames) * SAMPLES_PER_FRAME
+    return samples[seek * SAMPLES_PER_FRAME : end], frames
+
+
+def initial_prompt_tokens(target, options: LongformOptions) -> list[int]:
+    """The initial prompt's tokens, as faster-whisper encodes it (a leading space, stripped text)."""
+    if not options.initial_prompt or not options.initial_prompt.strip():
+        return []
+    return list(target.tokenizer.encode(" " + options.initial_prompt.strip()))
+
+
 def _encoded_request(target, encode, audio: np.ndarray, previous: list[int], options) -> tuple[DecodeRequest, float]:
     """The window's request, carrying its encoder output: every draw of a fallback reuses it."""
-    request = target.request(audio, language=options.language, timestamps=True, previous=previous)
+    if options.language is None:
+        raise ValueError("the language must be known (detected) before the first window")
+    request = target.request(audio, language=options.language, timestamps=True, previous=previous, task=options.task)
     started = time.perf_counter()
     encoded = encode(audio)
     return replace(request, encoded=encoded), time.perf_counter() - started

@@ -1,0 +1,109 @@
+"""A transcription as OpenAI's audio API answers it: `response_format` json, text, srt, vtt or
+verbose_json (with its segments), and the request fields that shape it (language, prompt,
+temperature), validated before anything is queued."""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import replace
+from typing import Any
+
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
+
+from asyncspec.cloudedge.validation import sampling_problem
+from asyncspec.errors import InputError
+from asyncspec.ondemand.engine import Response as Transcription
+from asyncspec.transcription.longform import LongformOptions
+from asyncspec.transcription.outputs import to_srt, to_vtt
+from asyncspec.transcription.segments import Segment
+
+FORMATS = ("json", "text", "srt", "vtt", "verbose_json")
+MAX_PROMPT_CHARS = 2000  # Whisper keeps the last 223 prompt tokens; far longer text is refused, not cut
+SUBTITLE_TYPES = {"srt": "application/x-subrip", "vtt": "text/vtt"}
+
+
+def response_format(value: str | None) -> str:
+    value = value or "json"
+    if value not in FORMATS:
+        raise InputError(f"response_format must be one of {', '.join(FORMATS)} (got {value[:40]!r})")
+    return value
+
+
+def language_code(value: str | None, default: str | None) -> str | None:
+    """A two- or three-letter code, or `default` (None: detect) when the field is absent."""
+    if not value:
+        return default
+    if not (value.isascii() and value.isalpha() and 2 <= len(value) <= 3):
+        raise InputError(f"language must be a two- or three-letter code, got {value[:20]!r}")
+    return value.lower()
+
+
+def longform_options(fields: dict[str, str], task: str, defaults: LongformOptions) -> LongformOptions:
+    """The upload's long-form options from the form over the service's `defaults`: language
+    (absent: the default, None = detected), prompt (the initial prompt), temperature (0 or absent:
+    the default fallback from 0 up; above 0: that temperature alone)."""
+    prompt = fields.get("prompt") or None
+    if prompt is not None and len(prompt) > MAX_PROMPT_CHARS:
+        raise InputError(f"prompt is {len(prompt)} characters; at most {MAX_PROMPT_CHARS} are accepted")
+    language = language_code(fields.get("language"), defaults.language)
+    options = replace(defaults, language=language, task=task, initial_prompt=prompt)
+    temperature = fields.get("temperature")
+    if temperature in (None, ""):
+        return options
+    try:
+        value = float(temperature)
+    except ValueError:
+        raise InputError(f"temperature must be a number, got {temperature[:40]!r}") from None
+    if value == 0:
+        return options
+    problem = sampling_problem(value, defaults.seed)
+    if problem:
+        raise InputError(problem)
+    return replace(options, temperatures=(value,))
+
+
+@functools.cache
+def language_names() -> dict[str, str]:
+    """Whisper's language code -> name ("en" -> "english"), as verbose_json reports it."""
+    from transformers.models.whisper.tokenization_whisper import LANGUAGES
+
+    return dict(LANGUAGES)
+
+
+def render(result: Transcription, fmt: str) -> Response:
+    headers = {
+        "X-Asyncspec-Method": result.method,
+        "X-Asyncspec-Latency-S": f"{result.latency_s:.4f}",
+        "X-Asyncspec-Residual-Prepare-S": f"{result.residual_prepare_s:.4f}",
+        "X-Asyncspec-TPS": f"{result.tps:.2f}",
+    }
+    if result.notes:
+        headers["X-Asyncspec-Notes"] = " | ".join(result.notes)[:1000].encode("ascii", "replace").decode()
+    segments = result.segments or [_whole(result)]
+    if fmt == "text":
+        return PlainTextResponse(result.text + "\n", headers=headers)
+    if fmt in SUBTITLE_TYPES:
+        writer = to_srt if fmt == "srt" else to_vtt
+        return PlainTextResponse(writer(segments, {}), headers=headers, media_type=SUBTITLE_TYPES[fmt])
+    stats = result.as_dict()
+    if fmt == "json":
+        return JSONResponse({"text": result.text, "asyncspec": stats}, headers=headers)
+    body = {
+        "task": result.task,
+        "language": language_names().get(result.language, result.language),
+        "duration": result.audio_s,
+        "text": result.text,
+        "segments": [_segment(segment) for segment in segments],
+        "asyncspec": stats,
+    }
+    return JSONResponse(body, headers=headers)
+
+
+def _whole(result: Transcription) -> Segment:
+    """A live request's answer (one window, no timestamps) as one segment over its audio."""
+    return Segment(0, 0, 0.0, result.audio_s, result.text, tuple(result.tokens), 0.0, 0.0, 0.0, 0.0)
+
+
+def _segment(segment: Segment) -> dict[str, Any]:
+    fields = ("id", "seek", "start", "end", "text", "temperature", "avg_logprob", "compression_ratio", "no_speech_prob")
+    return {name: getattr(segment, name) for name in fields} | {"tokens": list(segment.tokens)}
