@@ -207,7 +207,7 @@ def hostile_listen_request(rng: random.Random) -> dict:
     if roll < 0.6:
         return {"files": {"file": ("big.wav", b"\0" * 300_000, "audio/wav")}}  # over the test's 200 KB cap
     if roll < 0.75:
-        field = rng.choice([{"temperature": "nan"}, {"temperature": "1e-45"}, {"response_format": "srt"},
+        field = rng.choice([{"temperature": "nan"}, {"temperature": "1e-45"}, {"response_format": "mp3"},
                             {"language": "x" * 300}, {"method": "nope"}])  # fmt: skip
         return {"files": {"file": ("ok.wav", _tiny_wav(), "audio/wav")}, "data": field}
     if roll < 0.9:

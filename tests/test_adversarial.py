@@ -275,6 +275,7 @@ def test_1000_hostile_http_requests_to_listen(baseline_rss):
     window = LatestWindow(4.0)
     uploads = LongformOptions(temperatures=(0.0,))  # a random model fails every check: no fallback
     engine = Engine(target, {}, window, Preparer(target, window).start(), None, 4, "target", upload_options=uploads)
+    engine.start()
     app = create_app(engine, limits=UploadLimits(max_bytes=200_000))
     audio = synthetic_speech(1.0)
     reference = None

@@ -213,3 +213,27 @@ def test_languages_are_detected_and_other_speech_is_translated_target_only(trans
     translated, info = run(transcriber, str(path), "as2d", task="translate")
     text = "".join(s.text for s in translated).lower()
     assert info.options.task == "translate" and "train" in text and "wochenende" not in text
+
+
+def test_vad_transcribes_the_speech_only_and_as2d_still_equals_target_only(transcriber):
+    """Three clips between 8 s silences (over 40 % silence): with vad_filter the speech is joined and
+    transcribed, As²d equals target-only window for window, every segment lies in the clips'
+    stretch of the original recording, and no reference word is lost."""
+    clips = librivox_clips()[:3]
+    pieces, spans, gap = [], [], np.zeros(8 * SAMPLE_RATE, np.float32)
+    for clip in clips:
+        pieces.append(gap)
+        start = sum(len(p) for p in pieces) / SAMPLE_RATE
+        pieces.append(load_audio(clip.path))
+        spans.append((start, start + len(pieces[-1]) / SAMPLE_RATE))
+    audio = np.concatenate([*pieces, gap])
+    target_segments, target_info = run(transcriber, audio, "target", vad_filter=True, language="en")
+    as2d_segments, as2d_info = run(transcriber, audio, "as2d", vad_filter=True, language="en")
+    check = ExactnessCheck(transcriber.target)
+    check_windows(check, "vad", "as2d", target_info, as2d_info)
+    assert check.passed and as2d_segments == target_segments
+    assert target_info.duration_after_vad < 0.65 * target_info.duration
+    for segment in target_segments:  # original times: inside a clip, give or take the VAD's padding
+        assert any(start - 0.5 <= segment.start and segment.end <= end + 0.5 for start, end in spans), segment
+    text = " ".join(segment.text for segment in target_segments)
+    assert word_recall(" ".join(clip.transcript for clip in clips), text) >= 0.95

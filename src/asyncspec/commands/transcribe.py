@@ -98,6 +98,7 @@ def longform_options(args) -> LongformOptions:
         language=None if args.language == "auto" else args.language,
         task=args.task,
         initial_prompt=args.initial_prompt,
+        vad_filter=args.vad,
         temperatures=temperatures,
         best_of=args.best_of,
         compression_ratio_threshold=args.compression_ratio_threshold,

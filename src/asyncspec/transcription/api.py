@@ -61,6 +61,7 @@ class TranscriptionInfo:
     # batch; a function of the audio alone (the decoupling test compares it across targets)
     publications: list[tuple] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)  # what the user should know (a method that could not run)
+    duration_after_vad: float | None = None  # with vad_filter: the speech transcribed, in seconds
 
 
 class Transcriber:
@@ -191,8 +192,15 @@ class Transcriber:
         except TypeError as error:  # an option that does not exist
             raise InputError(f"transcribe: {error}") from None
         samples = self.load(audio)
+        duration, speech = len(samples) / SAMPLE_RATE, None
+        if options.vad_filter:
+            from asyncspec.transcription.vad import speech_only
+
+            samples, speech = speech_only(samples)
         first_window = None
         probability = 1.0
+        if options.language is None and not len(samples):
+            options = replace(options, language="en")  # no speech: nothing to detect, nothing to decode
         if options.language is None:
             first_audio = window_audio(samples, 0)[0]
             first_window = (first_audio, self.target.encode_audio(first_audio))
@@ -202,14 +210,16 @@ class Transcriber:
         info = TranscriptionInfo(
             language=options.language,
             language_probability=probability,
-            duration=len(samples) / SAMPLE_RATE,
+            duration=duration,
             method=method,
             model=self.model,
             options=options,
             notes=notes,
+            duration_after_vad=None if speech is None else len(samples) / SAMPLE_RATE,
         )
         target = self.target if check is None else _Interruptible(self.target, check)
-        return self._segments(target, samples, options, info, first_window), info
+        segments = self._segments(target, samples, options, info, first_window)
+        return (segments if speech is None else _in_original_time(segments, speech)), info
 
     def _runnable(self, method: str, options: LongformOptions) -> tuple[str, list[str]]:
         """The method, or target-only where its drafter cannot draft this speech: an English-only
@@ -296,6 +306,16 @@ class Transcriber:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _in_original_time(segments: Iterator[Segment], speech) -> Iterator[Segment]:
+    """Segments of the joined speech with the original recording's times (vad.SpeechMap)."""
+    for segment in segments:
+        if not speech.regions:
+            yield segment
+            continue
+        start, end = speech.span_to_original(segment.start, segment.end)
+        yield replace(segment, start=round(start, 3), end=round(end, 3))
 
 
 class _Interruptible:

@@ -63,6 +63,7 @@ class LongformOptions:
     prompt_reset_on_temperature: float = 0.5
     seed: int = 0
     resume_after_early_end: bool = True  # see the module docstring; False: Whisper's reference seek
+    vad_filter: bool = False  # the Transcriber keeps only the speech Silero VAD finds (transcription/vad.py)
 
 
 @dataclass
