@@ -29,6 +29,7 @@ from asyncspec.errors import InputError
 from asyncspec.models.hf_whisper import WhisperBackend
 from asyncspec.ondemand.ingest import Ingestor, LatestWindow
 from asyncspec.ondemand.prepared_state import PreparedWindow, Preparer, prepare_window
+from asyncspec.ondemand.uploads import upload_transcriber
 from asyncspec.transcription.longform import LongformOptions
 
 RESIDUAL_WAIT_S = 60.0  # longest a request waits for the background preparation of its window
@@ -369,29 +370,6 @@ class Engine:
             finish_reason=results[-1].stats.finish_reason if results else "",
             method_stats=_method_stats(results),
         )
-
-
-def upload_transcriber(target, drafters: dict[str, Any], config: DecodeConfig):
-    """The library's Transcriber over the service's models, for uploads: As²d where the producer's
-    drafts carry audio time (the ct2-chunk kind), sd/specasr with their drafter."""
-    from asyncspec.transcription.api import Transcriber
-    from asyncspec.transcription.loading import LONGFORM_PRODUCER
-
-    usable = dict(drafters)
-    producer = usable.get("as2d")
-    if producer is not None and getattr(getattr(producer, "spec", None), "kind", None) != LONGFORM_PRODUCER:
-        usable.pop("as2d")
-    spec = getattr(producer, "spec", None)
-    budgets = dict(config.method_budgets)
-    return Transcriber.from_loaded(
-        target,
-        usable,
-        target.name,
-        budget=config.budget,
-        as2d_budget=budgets.get("as2d"),
-        producer_model=getattr(spec, "drafter", "whisper-tiny.en"),
-        drafter=getattr(drafters.get("sd"), "name", "whisper-tiny.en"),
-    )
 
 
 def _method_stats(results: list[DecodeResult]) -> dict[str, Any]:
