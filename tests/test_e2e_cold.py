@@ -104,9 +104,9 @@ def test_faster_whisper_longform_greedy_gives_ordered_segments():
         system.close()
     assert transcript.segments and non_decreasing(transcript.segments)
     assert transcript.text == " ".join(segment.text for segment in transcript.segments)
-    # Only beam_size and best_of differ from faster-whisper's defaults: timestamps, conditioning, fallback.
+    # Only beam_size differs from faster-whisper's defaults: timestamps, conditioning, fallback, best of 5.
     ran = settings["transcribe"]
-    assert (ran["beam_size"], ran["best_of"], ran["without_timestamps"]) == (1, 1, False)
+    assert (ran["beam_size"], ran["best_of"], ran["without_timestamps"]) == (1, 5, False)
     assert ran["condition_on_previous_text"] and len(ran["temperature"]) > 1
     assert ran["no_speech_threshold"] == 0.6 and ran["compression_ratio_threshold"] == 2.4
 

@@ -52,7 +52,7 @@ def test_upload_formats(target):
     assert subtitles.headers["content-type"].startswith("application/x-subrip") and len(cues) >= 1
     vtt = client.post("/v1/audio/transcriptions", files=files, data={"response_format": "vtt"})
     assert vtt.text.startswith("WEBVTT") and len(webvtt.from_string(vtt.text).captions) == len(cues)
-    for fmt, field in (("mp3", "response_format"), ("x" * 5, "language"), ("2" * 2, "language")):
+    for fmt, field in (("mp3", "response_format"), ("x" * 5, "language"), ("2" * 2, "language"), ("yes", "vad_filter")):
         bad = client.post("/v1/audio/transcriptions", files=files, data={field: fmt})
         assert bad.status_code == 400 and field in bad.json()["error"]["message"]
     long_prompt = client.post("/v1/audio/transcriptions", files=files, data={"prompt": "word " * 500})

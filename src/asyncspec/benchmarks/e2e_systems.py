@@ -31,8 +31,10 @@ DIRECTORY_MARKER = "asyncspec-ct2.json"
 # default (see faster_whisper_settings). language="en" in all: no detection pass, English audio.
 FASTER_WHISPER_PRESETS: dict[str, dict] = {
     # Its long-form algorithm (timestamps, seek, previous-text conditioning, temperature fallback,
-    # its thresholds) with greedy search: only beam_size and best_of differ from its defaults.
-    "greedy": {"language": "en", "beam_size": 1, "best_of": 1},
+    # its thresholds) with greedy search: only beam_size differs from its defaults. best_of keeps its
+    # default 5, the number of samples asyncspec draws at a fallback temperature too (until
+    # 2026-12-02 it was 1 here: five samples against one on every window that fell back).
+    "greedy": {"language": "en", "beam_size": 1},
     # Its transcribe defaults as a user who sets nothing gets them: beam search of 5.
     "default": {"language": "en"},
     # The settings asyncspec decoded with before its long-form algorithm: greedy, no timestamps,

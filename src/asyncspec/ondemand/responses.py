@@ -41,12 +41,18 @@ def language_code(value: str | None, default: str | None) -> str | None:
 def longform_options(fields: dict[str, str], task: str, defaults: LongformOptions) -> LongformOptions:
     """The upload's long-form options from the form over the service's `defaults`: language
     (absent: the default, None = detected), prompt (the initial prompt), temperature (0 or absent:
-    the default fallback from 0 up; above 0: that temperature alone)."""
+    the default fallback from 0 up; above 0: that temperature alone), vad_filter (true: only the
+    speech Silero VAD finds, as speaches' field)."""
     prompt = fields.get("prompt") or None
     if prompt is not None and len(prompt) > MAX_PROMPT_CHARS:
         raise InputError(f"prompt is {len(prompt)} characters; at most {MAX_PROMPT_CHARS} are accepted")
     language = language_code(fields.get("language"), defaults.language)
+    vad = fields.get("vad_filter", "").lower()
+    if vad not in ("", "true", "false"):
+        raise InputError(f"vad_filter must be true or false, got {vad[:20]!r}")
     options = replace(defaults, language=language, task=task, initial_prompt=prompt)
+    if vad:
+        options = replace(options, vad_filter=vad == "true")
     temperature = fields.get("temperature")
     if temperature in (None, ""):
         return options

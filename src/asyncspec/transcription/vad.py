@@ -75,9 +75,13 @@ class SpeechMap:
 
 @functools.cache
 def _silero():
+    """The ONNX model where onnxruntime is installed: 0.75 s on a 140 s recording here, against
+    1.8 s for the TorchScript one on one thread (the same regions)."""
+    import importlib.util
+
     from silero_vad import load_silero_vad
 
-    return load_silero_vad()
+    return load_silero_vad(onnx=importlib.util.find_spec("onnxruntime") is not None)
 
 
 def speech_regions(samples: np.ndarray, options: VadOptions | None = None) -> SpeechMap:
