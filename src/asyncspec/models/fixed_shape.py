@@ -76,8 +76,8 @@ def block_slots(cache: StaticKV, start: int, real_rows: int) -> list[RowSlot]:
 
 
 def write_rows(layer_tensors: Sequence[torch.Tensor], slots: Sequence[RowSlot], rows: torch.Tensor) -> None:
-    """Each real row's [H_kv, D_h] of rows [H_kv, W, D_h] into its own cache's tensor (one per
-    request, picked from layer_tensors by the request's index) at its own position."""
+    """Each real row's [H_kv, D_h] of rows [H_kv, W, D_h] into layer_tensors[row] (its request's
+    cache tensor of this layer and kind) at its own position."""
     for row, (tensor, slot) in enumerate(zip(layer_tensors, slots, strict=True)):
         tensor[:, slot.position] = rows[:, row].to(ATTENTION_DTYPE)
 

@@ -169,10 +169,14 @@ class KVBackend:
         else:
             raw = self.project(self._hidden(state, torch.tensor([tokens]))[0])
         logits = raw.float()
+        self._settle(state, tokens, logits)
+        return logits
+
+    def _settle(self, state: DecoderState, tokens: list[int], logits: torch.Tensor) -> None:
+        """The state after its new tokens: their logits masked by the decision rules, in place."""
         self._apply_rules(state, tokens, logits)
         state.tokens.extend(tokens)
         state.next_logits = logits[-1]
-        return logits
 
     @torch.inference_mode()
     def extend_each(self, states: Sequence[DecoderState], tokens: Sequence[int]) -> list[torch.Tensor]:
@@ -189,9 +193,7 @@ class KVBackend:
         rows = []
         for index, (state, token) in enumerate(zip(states, tokens, strict=True)):
             row = logits[index : index + 1].clone()  # its own memory: the rules mask it in place
-            self._apply_rules(state, [token], row)
-            state.tokens.append(token)
-            state.next_logits = row[-1]
+            self._settle(state, [token], row)
             rows.append(row[-1])
         return rows
 

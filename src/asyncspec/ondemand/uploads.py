@@ -15,10 +15,9 @@ def upload_transcriber(target, drafters: dict[str, Any], config: DecodeConfig):
     from asyncspec.transcription.loading import LONGFORM_PRODUCER
 
     usable = dict(drafters)
-    producer = usable.get("as2d")
-    if producer is not None and getattr(getattr(producer, "spec", None), "kind", None) != LONGFORM_PRODUCER:
+    spec = getattr(usable.get("as2d"), "spec", None)
+    if usable.get("as2d") is not None and getattr(spec, "kind", None) != LONGFORM_PRODUCER:
         usable.pop("as2d")
-    spec = getattr(producer, "spec", None)
     budgets = dict(config.method_budgets)
     return Transcriber.from_loaded(
         target,

@@ -150,13 +150,8 @@ class Transcriber:
 
         self = cls.__new__(cls)
         self.methods = ("target", *(name for name in METHODS if drafters.get(name) is not None))
-        self.model, self.method, self.chunk_s, self.budget, self.as2d_budget = (
-            model,
-            "target",
-            None,
-            budget,
-            as2d_budget,
-        )
+        self.model, self.method, self.chunk_s = model, "target", None
+        self.budget, self.as2d_budget = budget, as2d_budget
         self.producer_model, self.drafter_name = producer_model, drafter
         self.drafters, self.complete_drafting, self.target = dict(drafters), False, target
         self.threads = self.solo_threads = torch.get_num_threads()
@@ -311,9 +306,6 @@ class Transcriber:
 def _in_original_time(segments: Iterator[Segment], speech) -> Iterator[Segment]:
     """Segments of the joined speech with the original recording's times (vad.SpeechMap)."""
     for segment in segments:
-        if not speech.regions:
-            yield segment
-            continue
         start, end = speech.span_to_original(segment.start, segment.end)
         yield replace(segment, start=round(start, 3), end=round(end, 3))
 

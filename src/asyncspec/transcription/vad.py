@@ -61,6 +61,8 @@ class SpeechMap:
         SEAM_SLACK_S (a start timestamp a little before the joined speech of the next region, an end
         a little after), it is kept to the region that holds the rest of it, so a segment does not
         span the silence that was removed."""
+        if not self.regions:
+            return start, end
         first, last = self._region(start), self._region(end, is_end=True)
         if first < last and self._joined_ends[first] / SAMPLE_RATE - start < SEAM_SLACK_S:
             start, first = self._joined_ends[first] / SAMPLE_RATE, first + 1
