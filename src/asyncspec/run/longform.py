@@ -21,6 +21,9 @@ def stream_segments(segments, info: TranscriptionInfo, label: str, echo: bool) -
         print(f"{label}: detected language {info.language} (p = {info.language_probability:.2f})", file=sys.stderr)
     for note in info.notes:
         print(f"{label}: note: {note}", file=sys.stderr)
+    if info.duration_after_vad is not None:  # what VAD removed is said, not silently dropped
+        removed = info.duration - info.duration_after_vad
+        print(f"{label}: VAD kept {info.duration_after_vad:.1f} s of speech, removed {removed:.1f} s", file=sys.stderr)
     for segment in segments:
         kept.append(segment)
         if echo:
