@@ -4,6 +4,8 @@ here; the real Whisper base in test_longform_real.py."""
 
 from __future__ import annotations
 
+import types
+
 import pytest
 import torch
 
@@ -56,3 +58,26 @@ def test_as2d_with_an_english_only_producer_decodes_other_languages_target_only_
     _, detected = transcriber.transcribe(audio, method="target", **quick)  # a multilingual model detects
     assert detected.options.language == detected.language and 0 < detected.language_probability <= 1
     assert transcriber.default_language is None
+
+
+def test_hotwords_and_previous_text_are_laid_out_as_faster_whispers_prompt(multilingual):
+    """Against faster-whisper's own get_prompt (the independent reference) on the real base tokenizer."""
+    import tokenizers
+    from faster_whisper.tokenizer import Tokenizer
+    from faster_whisper.transcribe import WhisperModel
+
+    from conftest import real_model_dir
+
+    vocabulary = tokenizers.Tokenizer.from_file(str(real_model_dir("whisper-base") / "tokenizer.json"))
+    hotwords = multilingual.tokenizer.encode(" Dashwood Norland")
+    previous = multilingual.tokenizer.encode(" The family of Dashwood had long been settled in Sussex.")
+    model = types.SimpleNamespace(max_length=multilingual.max_length)
+    for language, task in (("en", "transcribe"), ("de", "translate")):
+        reference = Tokenizer(vocabulary, True, task=task, language=language)
+        for prev in ((), previous):
+            expected = WhisperModel.get_prompt(model, reference, list(prev), hotwords="Dashwood Norland")
+            assert multilingual.prompt_ids(language, True, prev, task, hotwords) == tuple(expected)
+    keep = multilingual.max_length // 2 - 1  # the conditioning never takes more than that
+    long_prompt = multilingual.prompt_ids("en", True, list(range(300)), hotwords=list(range(1000, 1100)))
+    assert long_prompt[1:101] == tuple(range(1000, 1100)) and long_prompt[101 : keep + 1] == tuple(range(177, 300))
+    assert len(multilingual.prompt_ids("en", True, list(range(300)), hotwords=list(range(500)))) == keep + 4

@@ -125,10 +125,10 @@ class ScriptedTarget:
         def encode(text):
             return [900 + len(word) for word in text.split()]
 
-    def request(self, audio, language, timestamps, previous, task):
+    def request(self, audio, language, timestamps, previous, task, hotwords=()):
         from asyncspec.models.base import DecodeRequest
 
-        return DecodeRequest(prompt_ids=(1, *previous), audio=audio)
+        return DecodeRequest(prompt_ids=(1, *hotwords, *previous), audio=audio)
 
     def encode_audio(self, audio):
         return None
@@ -164,6 +164,15 @@ def test_the_initial_prompt_conditions_the_first_window_and_the_history_follows_
     alone = scripted_windows(True, initial_prompt="a bb", condition_on_previous_text=False)
     assert [w.chosen.request.prompt_ids for w in alone[:2]] == [(1, 901, 902), (1,)]  # the first window only
     assert scripted_windows(True)[0].chosen.request.prompt_ids == (1,)
+
+
+def test_hotwords_condition_every_window_before_the_previous_text():
+    hot = scripted_windows(True, hotwords=" Dashwood  Elinor ")
+    prompts = [window.chosen.request.prompt_ids for window in hot]
+    assert len(prompts) >= 3 and all(prompt[:3] == (1, 908, 906) for prompt in prompts), prompts
+    assert len(prompts[1]) > 3  # then the previous windows' text
+    alone = scripted_windows(True, hotwords="Dashwood", condition_on_previous_text=False)
+    assert {w.chosen.request.prompt_ids for w in alone} == {(1, 908)}  # every window, history or not
 
 
 def test_a_window_that_ends_early_is_followed_from_its_last_segment_and_the_reference_rule_skips():

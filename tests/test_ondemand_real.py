@@ -130,6 +130,10 @@ def test_official_openai_client_gets_every_format_and_a_translation(service, whi
                 replies[fmt] = client.audio.transcriptions.create(model="whisper-base", file=audio, response_format=fmt)
         with open(clip, "rb") as audio:
             translated = client.audio.translations.create(model="whisper-base", file=audio)
+        with open(clip, "rb") as audio:
+            timed = client.audio.transcriptions.create(
+                model="whisper-base", file=audio, response_format="verbose_json", timestamp_granularities=["word"]
+            )
     text = "".join(segment.text for segment in truth).strip()
     assert replies["json"].text == text == replies["text"].strip() and "dispose" in text.lower()
     verbose = replies["verbose_json"]
@@ -138,6 +142,11 @@ def test_official_openai_client_gets_every_format_and_a_translation(service, whi
     assert [cue.content for cue in cues] == [s.text.strip() for s in truth]
     assert [c.text for c in webvtt.from_string(replies["vtt"]).captions] == [cue.content for cue in cues]
     assert translated.text.strip()  # English into English: Whisper's translate task still answers
+    truth_words = [
+        w for s in _recording_reference(whisper_base_bf16, load_audio(clip), word_timestamps=True) for w in s.words
+    ]
+    assert [(w.word, w.start, w.end) for w in timed.words] == [(w.word, w.start, w.end) for w in truth_words]
+    assert "".join(w.word for w in timed.words).strip() == text and len(timed.words) > 10
 
 
 def test_disconnect_mid_decode_stops_the_producer_and_later_requests_stay_exact(

@@ -57,6 +57,18 @@ def test_upload_formats(target):
         assert bad.status_code == 400 and field in bad.json()["error"]["message"]
     long_prompt = client.post("/v1/audio/transcriptions", files=files, data={"prompt": "word " * 500})
     assert long_prompt.status_code == 400 and "prompt" in long_prompt.json()["error"]["message"]
+    for data in (
+        {"timestamp_granularities[]": "word"},
+        {"timestamp_granularities[]": "letter", "response_format": "verbose_json"},
+    ):
+        bad = client.post("/v1/audio/transcriptions", files=files, data=data)
+        assert bad.status_code == 400 and "timestamp_granularities" in bad.json()["error"]["message"]
+    timed = client.post(
+        "/v1/audio/transcriptions",
+        files=files,
+        data={"response_format": "verbose_json", "timestamp_granularities[]": ["word", "segment"]},
+    ).json()
+    assert "".join(w["word"] for w in timed["words"]) == "".join(s["text"] for s in timed["segments"])
     english_only = client.post("/v1/audio/translations", files=files)
     assert english_only.status_code == 400 and "English-only" in english_only.json()["error"]["message"]
 

@@ -27,7 +27,12 @@ def add_transcribe(parser: argparse.ArgumentParser) -> None:
         "--task", default="transcribe", choices=["transcribe", "translate"], help="translate: to English"
     )
     parser.add_argument("--initial-prompt", default=None, help="text that conditions the first window")
+    parser.add_argument("--hotwords", default=None, help="words (names, terms) that condition every window")
     parser.add_argument("--vad", action="store_true", help="transcribe only the speech Silero VAD finds (times kept)")
+    parser.add_argument("--word-timestamps", action="store_true", help="time every word (JSON: segments' words)")
+    parser.add_argument(
+        "--highlight-words", action="store_true", help="SRT/VTT: a cue per word, underlined (implies --word-timestamps)"
+    )
     parser.add_argument("--json", metavar="FILE", help=JSON_HELP)
     parser.add_argument("--output-dir", metavar="DIR", help="write <name>.<format> files here")
     parser.add_argument("--output-format", default="all", help="with --output-dir: txt, srt, vtt, tsv, json or all")

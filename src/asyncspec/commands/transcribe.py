@@ -26,7 +26,7 @@ def run(args) -> int:
     audio = [(path, load_audio(path)) for path in args.audio]  # every file validated before any decoding
     methods = methods_to_run(options.methods, options.compare)
     output_dir = Path(args.output_dir) if args.output_dir else None
-    plan = _Run(methods, options.methods[0], longform, formats, output_dir, options.trace)
+    plan = _Run(methods, options.methods[0], longform, formats, output_dir, options.trace, args.highlight_words)
     from asyncspec.transcription.api import Transcriber
 
     with Transcriber(
@@ -60,6 +60,7 @@ class _Run:
     formats: list[str]
     output_dir: Path | None
     trace: str | None  # save every chosen window decode's stage events here
+    highlight_words: bool = False  # SRT/VTT: a cue per word
 
 
 def _transcribe_file(transcriber, path: str, samples, run: _Run, exactness, decoded: list) -> list[dict]:
@@ -77,7 +78,8 @@ def _transcribe_file(transcriber, path: str, samples, run: _Run, exactness, deco
     if run.output_dir is not None:
         info = infos[run.shown]
         details = {"language": info.language, "duration": info.duration, "method": run.shown, "model": info.model}
-        written = write_outputs(kept[run.shown], details, path, run.output_dir, run.formats)
+        highlight = run.longform.word_timestamps and run.highlight_words
+        written = write_outputs(kept[run.shown], details, path, run.output_dir, run.formats, highlight)
         print(f"wrote {', '.join(str(p) for p in written)}", file=sys.stderr)
     return window_records(path, infos, transcriber.target, exactness is not None)
 
@@ -98,7 +100,9 @@ def longform_options(args) -> LongformOptions:
         language=None if args.language == "auto" else args.language,
         task=args.task,
         initial_prompt=args.initial_prompt,
+        hotwords=args.hotwords,
         vad_filter=args.vad,
+        word_timestamps=args.word_timestamps or args.highlight_words,
         temperatures=temperatures,
         best_of=args.best_of,
         compression_ratio_threshold=args.compression_ratio_threshold,

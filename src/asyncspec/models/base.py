@@ -26,6 +26,9 @@ class DecodeRequest:
     # the target's encoder output for `audio` when already computed (a window decoded again at a
     # fallback temperature encodes once); only the target that computed it may read it
     encoded: Any = None
+    # word timestamps: an attention_record.AttentionSink in which the target keeps its states'
+    # alignment-head weights (None: nothing is recorded)
+    attention: Any = None
 
 
 @dataclass

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 
@@ -36,6 +36,7 @@ class StaticKV:
     keys: list[torch.Tensor]
     values: list[torch.Tensor]
     cross: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)
+    attention: Any = None  # an attention_record.AttentionRecord where word timestamps are wanted
 
     @classmethod
     def empty(cls, layers: int, kv_heads: int, slots: int, head_dim: int) -> StaticKV:
@@ -54,7 +55,8 @@ class StaticKV:
 
     def copy(self) -> StaticKV:
         """An independent self-attention cache; the cross-attention tensors are shared."""
-        return StaticKV([k.clone() for k in self.keys], [v.clone() for v in self.values], self.cross)
+        attention = None if self.attention is None else self.attention.copy()
+        return StaticKV([k.clone() for k in self.keys], [v.clone() for v in self.values], self.cross, attention)
 
     def nbytes(self) -> int:
         tensors = [*self.keys, *self.values, *(t for pair in self.cross for t in pair)]
@@ -119,14 +121,18 @@ def attend_all(
     keys: torch.Tensor,  # [H_kv, T, D_h] ATTENTION_DTYPE
     values: torch.Tensor,  # [H_kv, T, D_h] ATTENTION_DTYPE
     scale: float,
+    observe: Callable[[torch.Tensor], None] | None = None,
 ) -> torch.Tensor:  # [W, H * D_h] in ATTENTION_DTYPE
     """Unmasked attention over a fixed-length memory (cross-attention over the encoder output):
-    every call has the same [W, T] shape."""
+    every call has the same [W, T] shape. `observe` is shown the weights [H, W, T] (read, never
+    changed: the output is the same with or without it)."""
     heads, width, head_dim = queries.shape
     kv_heads = keys.shape[0]
     q = queries.to(ATTENTION_DTYPE).reshape(kv_heads, (heads // kv_heads) * width, head_dim)
     scores = torch.matmul(q, keys.transpose(1, 2))
     weights = torch.softmax(scores * scale if scale != 1.0 else scores, dim=-1)
+    if observe is not None:
+        observe(weights.view(heads, width, -1))
     out = torch.matmul(weights, values)  # [H_kv, group * W, D_h]
     return out.reshape(heads, width, head_dim).transpose(0, 1).reshape(width, heads * head_dim)
 

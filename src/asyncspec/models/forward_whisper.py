@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from asyncspec.models.attention_record import record_cross_attention
 from asyncspec.models.fixed_shape import (
     ATTENTION_DTYPE,
     RowSlot,
@@ -59,7 +60,7 @@ class WhisperBlockForward:
         x = x + self.decoder.embed_positions.weight[positions].to(x.dtype)
         for index, layer in enumerate(self.decoder.layers):
             x = x + self._self_attention(layer, layer.self_attn_layer_norm(x), slots, index)
-            x = x + self._cross_attention(layer, layer.encoder_attn_layer_norm(x), cross[index])
+            x = x + self._cross_attention(layer, layer.encoder_attn_layer_norm(x), cross[index], slots, index)
             x = x + layer.fc2(layer.activation_fn(layer.fc1(layer.final_layer_norm(x))))
         return self.decoder.layer_norm(x)
 
@@ -73,8 +74,12 @@ class WhisperBlockForward:
         out = attend_causal(queries, keys, values, slots, scale=1.0)
         return attention.out_proj(out.to(h.dtype))
 
-    def _cross_attention(self, layer, h, cross: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    def _cross_attention(
+        self, layer, h, cross: tuple[torch.Tensor, torch.Tensor], slots: Sequence[RowSlot], index: int
+    ) -> torch.Tensor:
         attention = layer.encoder_attn
         queries = self._heads(attention.q_proj(h) * attention.scaling)
-        out = attend_all(queries, cross[0], cross[1], scale=1.0)
+        recording = any(slot.cache.attention is not None for slot in slots)
+        observe = (lambda weights: record_cross_attention(slots, index, weights)) if recording else None
+        out = attend_all(queries, cross[0], cross[1], scale=1.0, observe=observe)
         return attention.out_proj(out.to(h.dtype))

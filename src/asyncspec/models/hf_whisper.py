@@ -16,9 +16,10 @@ import numpy as np
 import torch
 
 from asyncspec.errors import InputError
+from asyncspec.models.attention_record import alignment_heads
 from asyncspec.models.base import DecodeRequest, DecoderState
 from asyncspec.models.encoder_placement import EncoderPlacement, place, place_encoder
-from asyncspec.models.fixed_shape import CallShape
+from asyncspec.models.fixed_shape import CallShape, StaticKV
 from asyncspec.models.forward_whisper import WhisperBlockForward
 from asyncspec.models.kv_backend import DEFAULT_WIDTH, FIXED_SHAPE, KVBackend
 from asyncspec.models.log_mel import log_mel_tensor
@@ -63,6 +64,8 @@ class WhisperBackend(KVBackend):
         self._suppress_begin = _mask(self.vocab_size, suppress + begin)
         self.timestamp_rules = _timestamp_rules(tokenizer)
         self.no_speech_id = _first_token(tokenizer, "<|nospeech|>", "<|nocaptions|>")
+        # (layer, head) of the cross-attention heads word timestamps read; load() takes the model's own
+        self.alignment_heads = alignment_heads(None, config.decoder_layers, config.decoder_attention_heads)
         self._init_engine(engine, shape, int8)
 
     @classmethod
@@ -85,6 +88,8 @@ class WhisperBackend(KVBackend):
 
             tokenizer = TextTokenizer(AutoTokenizer.from_pretrained(str(source)).backend_tokenizer)
         backend = cls(model, tokenizer, name, engine=engine, int8=int8)
+        config = model.config
+        backend.alignment_heads = alignment_heads(source, config.decoder_layers, config.decoder_attention_heads)
         backend.place_encoder(place_encoder(backend, encoder))
         return backend
 
@@ -93,11 +98,18 @@ class WhisperBackend(KVBackend):
         place(self.model.model.encoder, placement.dtype)
 
     def prompt_ids(
-        self, language: str = "en", timestamps: bool = False, previous: Sequence[int] = (), task: str = "transcribe"
+        self,
+        language: str = "en",
+        timestamps: bool = False,
+        previous: Sequence[int] = (),
+        task: str = "transcribe",
+        hotwords: Sequence[int] = (),
     ) -> tuple[int, ...]:
-        """[<|startofprev|> previous text,] start of transcript, [language, task,] and
-        <|notimestamps|> unless the window is decoded with timestamps. At most the last
-        max_length // 2 - 1 previous tokens are kept, as openai-whisper and faster-whisper do.
+        """[<|startofprev|> hotwords, previous text,] start of transcript, [language, task,] and
+        <|notimestamps|> unless the window is decoded with timestamps. At most max_length // 2 - 1
+        tokens of conditioning, as openai-whisper and faster-whisper keep of the previous text:
+        the hotwords' first ones, then the last of the previous text in the room left. (faster-whisper
+        allows that many of each; both together would leave a window almost no positions to decode.)
         task: "transcribe", or "translate" (to English; multilingual models only)."""
         token = self.tokenizer.token_id
         if task not in TASKS:
@@ -105,7 +117,10 @@ class WhisperBackend(KVBackend):
         if task != "transcribe" and not self.multilingual:
             raise InputError(f"{self.name} is English-only: it cannot {task}")
         keep = self.max_length // 2 - 1
-        head = (token("<|startofprev|>"), *previous[-keep:]) if previous else ()
+        hot = tuple(hotwords[:keep])
+        room = keep - len(hot)
+        tail = tuple(previous[-room:]) if room else ()
+        head = (token("<|startofprev|>"), *hot, *tail) if hot or tail else ()
         start: tuple[int, ...] = (token("<|startoftranscript|>"),)
         if self.multilingual:
             if language not in self.languages:
@@ -146,8 +161,9 @@ class WhisperBackend(KVBackend):
         timestamps: bool = False,
         previous: Sequence[int] = (),
         task: str = "transcribe",
+        hotwords: Sequence[int] = (),
     ) -> DecodeRequest:
-        prompt = self.prompt_ids(language, timestamps, previous, task)
+        prompt = self.prompt_ids(language, timestamps, previous, task, hotwords)
         room = self.max_length - len(prompt)
         return DecodeRequest(prompt_ids=prompt, audio=audio, max_new_tokens=min(max_new_tokens or room, room))
 
@@ -172,6 +188,8 @@ class WhisperBackend(KVBackend):
             encoded = self.encode_audio(request.audio)
         prompt = request.prompt_ids
         state = self._new_state(len(prompt), encoded)
+        if request.attention is not None and request.attention.owner is self:
+            self._record_attention(state, request.attention)
         state.extras["encoded"] = encoded
         state.extras["timestamps"] = self.timestamp_rules.no_timestamps not in prompt
         # Whisper's no-speech probability: the unmasked row after <|startoftranscript|>
@@ -179,6 +197,22 @@ class WhisperBackend(KVBackend):
         (sot_row,) = self.prefill_tokens(state, prompt, len(prompt), wanted=[sot])
         state.extras["figures"] = {"no_speech_prob": float(torch.softmax(sot_row, dim=-1)[self.no_speech_id])}
         return state
+
+    @property
+    def backend(self) -> WhisperBackend:
+        """This backend (also through a wrapper that forwards attributes, such as a cancellable one)."""
+        return self
+
+    def _record_attention(self, state: DecoderState, sink) -> None:
+        """Word timestamps: the state's cache keeps its alignment heads' weights, and the sink the state."""
+        from asyncspec.models.attention_record import AttentionRecord
+
+        if not isinstance(state.cache, StaticKV):
+            raise InputError("word timestamps need the fixed-shape engine")
+        frames = self.model.config.max_source_positions
+        state.cache.attention = AttentionRecord.empty(self.alignment_heads, state.cache.slots, frames)
+        state.extras["attention_sink"] = sink
+        sink.states.append(state)
 
     def probe_context(self) -> torch.Tensor:
         """A fixed pseudo-random encoder output [1, T, D] for the self-test (models/selftest.py)."""

@@ -212,7 +212,11 @@ class KVBackend:
         if not isinstance(state.cache, StaticKV):
             raise TypeError("copy_state needs the fixed-shape engine")
         logits = None if state.next_logits is None else state.next_logits.clone()
-        return DecoderState(list(state.tokens), state.prompt_len, state.cache.copy(), logits, dict(state.extras))
+        copy = DecoderState(list(state.tokens), state.prompt_len, state.cache.copy(), logits, dict(state.extras))
+        sink = state.extras.get("attention_sink")  # word timestamps: a fallback's draws are kept too
+        if sink is not None:
+            sink.states.append(copy)
+        return copy
 
     def greedy(self, logits: torch.Tensor) -> list[int]:
         """argmax per row of float32 logits [..., V]; the first index wins an exact tie."""

@@ -20,6 +20,7 @@ from asyncspec.transcription.segments import Segment
 FORMATS = ("json", "text", "srt", "vtt", "verbose_json")
 MAX_PROMPT_CHARS = 2000  # Whisper keeps the last 223 prompt tokens; far longer text is refused, not cut
 SUBTITLE_TYPES = {"srt": "application/x-subrip", "vtt": "text/vtt"}
+GRANULARITY_FIELDS = ("timestamp_granularities[]", "timestamp_granularities")
 
 
 def response_format(value: str | None) -> str:
@@ -38,11 +39,16 @@ def language_code(value: str | None, default: str | None) -> str | None:
     return value.lower()
 
 
-def longform_options(fields: dict[str, str], task: str, defaults: LongformOptions) -> LongformOptions:
+def longform_options(
+    fields: dict[str, str], task: str, defaults: LongformOptions, fmt: str = "json"
+) -> LongformOptions:
     """The upload's long-form options from the form over the service's `defaults`: language
     (absent: the default, None = detected), prompt (the initial prompt), temperature (0 or absent:
     the default fallback from 0 up; above 0: that temperature alone), vad_filter (true: only the
-    speech Silero VAD finds, as speaches' field)."""
+    speech Silero VAD finds, as speaches' field), timestamp_granularities (word: word timestamps,
+    with verbose_json only, as OpenAI's API)."""
+    words = "word" in timestamp_granularities(fields.get("timestamp_granularities"), fmt)
+    defaults = replace(defaults, word_timestamps=True) if words else defaults
     prompt = fields.get("prompt") or None
     if prompt is not None and len(prompt) > MAX_PROMPT_CHARS:
         raise InputError(f"prompt is {len(prompt)} characters; at most {MAX_PROMPT_CHARS} are accepted")
@@ -66,6 +72,17 @@ def longform_options(fields: dict[str, str], task: str, defaults: LongformOption
     if problem:
         raise InputError(problem)
     return replace(options, temperatures=(value,))
+
+
+def timestamp_granularities(value: str | None, fmt: str) -> set[str]:
+    """The granularities asked for ("segment" when none is), refused unless verbose_json."""
+    asked = {part.strip() for part in (value or "").split(",") if part.strip()}
+    unknown = asked - {"word", "segment"}
+    if unknown:
+        raise InputError(f"timestamp_granularities must be word or segment, got {sorted(unknown)[0][:20]!r}")
+    if asked and fmt != "verbose_json":
+        raise InputError("timestamp_granularities needs response_format=verbose_json")
+    return asked or {"segment"}
 
 
 @functools.cache
@@ -102,6 +119,8 @@ def render(result: Transcription, fmt: str) -> Response:
         "segments": [_segment(segment) for segment in segments],
         "asyncspec": stats,
     }
+    if any(segment.words for segment in segments):
+        body["words"] = [{"word": w.word, "start": w.start, "end": w.end} for s in segments for w in s.words or ()]
     return JSONResponse(body, headers=headers)
 
 

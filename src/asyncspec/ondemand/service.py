@@ -28,7 +28,7 @@ from asyncspec.httpguard import FORM_OVERHEAD_BYTES, Guard, GuardConfig, install
 from asyncspec.ondemand.engine import Engine, Job, QueueFull, RequestCancelled, ServiceUnavailable, Upload
 from asyncspec.ondemand.engine import Response as Transcription
 from asyncspec.ondemand.memory import memory_report
-from asyncspec.ondemand.responses import language_names, longform_options, render
+from asyncspec.ondemand.responses import GRANULARITY_FIELDS, language_names, longform_options, render
 from asyncspec.ondemand.responses import response_format as parse_format
 
 MAX_UPLOAD_BYTES = 32 << 20  # ten minutes of 16-bit stereo at 16 kHz is 38 MB as WAV; compressed far less
@@ -62,7 +62,7 @@ def create_app(
     async def upload(request: Request, task: str) -> Response:
         fields, data = await _read_upload(request, limits.max_bytes)
         fmt = parse_format(fields.get("response_format"))
-        longform = longform_options(fields, task, engine.upload_options)
+        longform = longform_options(fields, task, engine.upload_options, fmt)
         audio = Upload(data, fields.get("filename", "upload"), limits.max_seconds, limits.max_samples)
         job = engine.submit_upload(audio, fields.get("method"), longform)
         return render(await _finish(request, job), fmt)
@@ -136,6 +136,11 @@ async def _read_upload(request: Request, max_bytes: int) -> tuple[dict[str, str]
         raise InputError("the request body ended before it was complete (client disconnected)") from None
     fields = {key: value for key, value in form.items() if isinstance(value, str)}
     fields["filename"] = upload.filename or "upload"
+    # OpenAI's client sends one part per value: timestamp_granularities[]=word, ...=segment
+    granularities = [v for key in GRANULARITY_FIELDS for v in form.getlist(key) if isinstance(v, str)]
+    fields.pop("timestamp_granularities[]", None)
+    if granularities:
+        fields["timestamp_granularities"] = ",".join(granularities)
     return fields, data
 
 

@@ -175,7 +175,7 @@ class Transcriber:
         **overrides: Any,
     ) -> tuple[Iterator[Segment], TranscriptionInfo]:
         """Segments (lazily) and the info of a recording: a path, or 16 kHz mono float32 samples.
-        Keyword overrides are LongformOptions fields (language, task, initial_prompt, temperatures,
+        Keyword overrides are LongformOptions fields (language, task, initial_prompt, hotwords, temperatures,
         best_of, thresholds, condition_on_previous_text, seed). language None: detected on the
         first window, as faster-whisper does (the default of a multilingual model). `check`: called
         before every target call; what it raises ends the transcription (a service's cancellation)."""
@@ -187,11 +187,15 @@ class Transcriber:
         except TypeError as error:  # an option that does not exist
             raise InputError(f"transcribe: {error}") from None
         samples = self.load(audio)
-        duration, speech = len(samples) / SAMPLE_RATE, None
+        duration, speech, pauses = len(samples) / SAMPLE_RATE, None, None
         if options.vad_filter:
             from asyncspec.transcription.vad import speech_only
 
             samples, speech = speech_only(samples)
+        else:
+            from asyncspec.transcription.pauses import pause_note
+
+            pauses = pause_note(samples)
         first_window = None
         probability = 1.0
         if options.language is None and not len(samples):
@@ -209,7 +213,7 @@ class Transcriber:
             method=method,
             model=self.model,
             options=options,
-            notes=notes,
+            notes=notes + ([pauses] if pauses else []),
             duration_after_vad=None if speech is None else len(samples) / SAMPLE_RATE,
         )
         target = self.target if check is None else _Interruptible(self.target, check)
@@ -304,10 +308,15 @@ class Transcriber:
 
 
 def _in_original_time(segments: Iterator[Segment], speech) -> Iterator[Segment]:
-    """Segments of the joined speech with the original recording's times (vad.SpeechMap)."""
+    """Segments of the joined speech with the original recording's times (vad.SpeechMap), their
+    words too."""
     for segment in segments:
         start, end = speech.span_to_original(segment.start, segment.end)
-        yield replace(segment, start=round(start, 3), end=round(end, 3))
+        words = segment.words
+        if words:
+            spans = [speech.span_to_original(word.start, word.end) for word in words]
+            words = [replace(w, start=round(a, 3), end=round(b, 3)) for w, (a, b) in zip(words, spans, strict=True)]
+        yield replace(segment, start=round(start, 3), end=round(end, 3), words=words)
 
 
 class _Interruptible:

@@ -28,11 +28,13 @@ import time
 import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import numpy as np
 
 from asyncspec.audio import SAMPLE_RATE
 from asyncspec.decoding.result import DecodeConfig, DecodeResult
+from asyncspec.models.attention_record import AttentionSink
 from asyncspec.models.base import DecodeRequest
 from asyncspec.transcription.segments import FRAMES_PER_SECOND, Segment, split_by_timestamps, text_of
 
@@ -54,6 +56,7 @@ class LongformOptions:
     language: str = "en"  # the Transcriber detects it where None (a multilingual model's first window)
     task: str = "transcribe"  # or "translate" (to English)
     initial_prompt: str | None = None  # text that conditions the first window, as faster-whisper's
+    hotwords: str | None = None  # words (names, terms) that condition every window, as faster-whisper's
     temperatures: tuple[float, ...] = DEFAULT_TEMPERATURES
     best_of: int = 5
     compression_ratio_threshold: float | None = 2.4
@@ -64,6 +67,7 @@ class LongformOptions:
     seed: int = 0
     resume_after_early_end: bool = True  # see the module docstring; False: Whisper's reference seek
     vad_filter: bool = False  # the Transcriber keeps only the speech Silero VAD finds (transcription/vad.py)
+    word_timestamps: bool = False  # every segment's words timed (transcription/word_timing.py)
 
 
 @dataclass
@@ -76,6 +80,9 @@ class Attempt:
     avg_logprob: float
     compression_ratio: float
     no_speech_prob: float
+    # word timestamps: the attention_record.AttentionRecord of the state that decoded it (freed
+    # once the window's words are timed)
+    attention: Any = None
 
 
 @dataclass
@@ -116,12 +123,13 @@ def transcribe_windows(
     encoder output (default: the target's `encode_audio`)."""
     encode = encode or target.encode_audio
     content_frames = len(samples) // SAMPLES_PER_FRAME
-    seek, index, reset_since, segment_id = 0, 0, 0, 0
-    history = initial_prompt_tokens(target, options)
+    seek, index, reset_since, segment_id, last_speech_s = 0, 0, 0, 0, 0.0
+    history = prompt_tokens(target, options.initial_prompt)
+    hotwords = prompt_tokens(target, options.hotwords)
     while seek < content_frames:
         audio, frames = window_audio(samples, seek)
         previous = history[reset_since:]  # without conditioning: the initial prompt, first window only
-        request, encode_s = _encoded_request(target, encode, audio, previous, options)
+        request, encode_s = _encoded_request(target, encode, audio, previous, hotwords, options)
         span_s = (seek / FRAMES_PER_SECOND, seek / FRAMES_PER_SECOND + len(audio) / SAMPLE_RATE)
         attempts, draws = _decode_with_fallback(target, decode_window, request, span_s, index, options)
         chosen = _choose(attempts, options)
@@ -132,10 +140,14 @@ def transcribe_windows(
             outcome.segments, outcome.next_seek = _segments(target, outcome, segment_id)
             if options.resume_after_early_end and seek + frames < content_frames:
                 _resume_after_early_end(outcome)
+            if options.word_timestamps:  # after the seek is set: timing words changes no text
+                outcome.segments, last_speech_s = _timed_words(target, outcome, options, last_speech_s)
             segment_id += len(outcome.segments)
             history += [t for segment in outcome.segments for t in segment.tokens]
         if not options.condition_on_previous_text or chosen.temperature > options.prompt_reset_on_temperature:
             reset_since = len(history)
+        for attempt in outcome.attempts:
+            attempt.attention = None  # ~25 MB each: kept only until the window's words are timed
         yield outcome
         seek, index = max(outcome.next_seek, seek + 1), index + 1  # always forward, however the window ended
 
@@ -148,18 +160,22 @@ def window_audio(samples: np.ndarray, seek: int) -> tuple[np.ndarray, int]:
     return samples[seek * SAMPLES_PER_FRAME : end], frames
 
 
-def initial_prompt_tokens(target, options: LongformOptions) -> list[int]:
-    """The initial prompt's tokens, as faster-whisper encodes it (a leading space, stripped text)."""
-    if not options.initial_prompt or not options.initial_prompt.strip():
+def prompt_tokens(target, text: str | None) -> list[int]:
+    """An initial prompt's or the hotwords' tokens, as faster-whisper encodes them (a leading
+    space, the text stripped)."""
+    if not text or not text.strip():
         return []
-    return list(target.tokenizer.encode(" " + options.initial_prompt.strip()))
+    return list(target.tokenizer.encode(" " + text.strip()))
 
 
-def _encoded_request(target, encode, audio: np.ndarray, previous: list[int], options) -> tuple[DecodeRequest, float]:
+def _encoded_request(
+    target, encode, audio: np.ndarray, previous: list[int], hotwords: list[int], options
+) -> tuple[DecodeRequest, float]:
     """The window's request, carrying its encoder output: every draw of a fallback reuses it."""
     if options.language is None:
         raise ValueError("the language must be known (detected) before the first window")
-    request = target.request(audio, language=options.language, timestamps=True, previous=previous, task=options.task)
+    conditioning = {"previous": previous, "task": options.task} | ({"hotwords": hotwords} if hotwords else {})
+    request = target.request(audio, language=options.language, timestamps=True, **conditioning)
     started = time.perf_counter()
     encoded = encode(audio)
     return replace(request, encoded=encoded), time.perf_counter() - started
@@ -178,15 +194,49 @@ def _decode_with_fallback(
             DecodeConfig(temperature, _seed(options.seed, index, level, draw), positional_sampling=temperature > 0)
             for draw in range(samples)
         ]
-        results = decode_window(request, configs, seek_s, end_s)
+        sink = AttentionSink(target.backend) if options.word_timestamps else None
+        asked = request if sink is None else replace(request, attention=sink)
+        results = decode_window(asked, configs, seek_s, end_s)
         if len(results) != len(configs):
             raise RuntimeError(f"the window decoder returned {len(results)} results for {len(configs)} draws")
         tried = [_attempt(target, request, result, temperature) for result in results]
         draws += tried
         attempts.append(max(tried, key=lambda attempt: attempt.avg_logprob))
+        if sink is not None:
+            attempts[-1].attention = _recorded(sink, request, attempts[-1].result.tokens)
         if not _needs_fallback(attempts[-1], options):
             break
     return attempts, draws
+
+
+def _recorded(sink, request: DecodeRequest, tokens):
+    state = sink.state_for([*request.prompt_ids, *tokens[:-1]])  # the last token (end of text) is never fed
+    if state is None:
+        raise RuntimeError("word timestamps: no recorded decoder state holds the chosen tokens")
+    return state.cache.attention
+
+
+def _timed_words(target, outcome: WindowOutcome, options: LongformOptions, last_speech_s: float):
+    from asyncspec.transcription.word_timing import window_words
+
+    chosen, tokenizer = outcome.chosen, target.tokenizer
+    before = len(chosen.request.prompt_ids) - 1  # the row that predicted output[k] sits at before + k
+    output, logprobs = chosen.result.tokens, chosen.result.stats.logprobs
+    weights_of = lambda k: chosen.attention.weights[before + k]  # noqa: E731
+    eot = tokenizer.token_id("<|endoftext|>")
+    frames, offset_s = outcome.frames, outcome.start_s
+    return window_words(
+        tokenizer,
+        eot,
+        outcome.segments,
+        output,
+        logprobs,
+        weights_of,
+        frames,
+        offset_s,
+        options.language,
+        last_speech_s,
+    )
 
 
 def _seed(seed: int, window: int, level: int, draw: int) -> int:
@@ -232,14 +282,7 @@ def _choose(attempts: list[Attempt], options: LongformOptions) -> Attempt:
     threshold = options.compression_ratio_threshold
     plausible = [a for a in attempts if threshold is None or a.compression_ratio <= threshold] or attempts
     best = max(plausible, key=lambda attempt: attempt.avg_logprob)
-    return Attempt(
-        best.request,
-        best.result,
-        attempts[-1].temperature,
-        best.avg_logprob,
-        best.compression_ratio,
-        best.no_speech_prob,
-    )
+    return replace(best, temperature=attempts[-1].temperature)
 
 
 def _resume_after_early_end(outcome: WindowOutcome) -> None:

@@ -7,6 +7,7 @@ Times never go backwards in a subtitle file: a segment that starts before the pr
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -25,31 +26,48 @@ def timestamp(seconds: float, decimal: str = ".", always_hours: bool = False) ->
     return f"{head}{minutes:02d}:{secs:02d}{decimal}{milliseconds:03d}"
 
 
-def monotonic_spans(segments: Sequence[Segment]) -> list[tuple[float, float, str]]:
-    """(start, end, text) per segment, clamped so that no time goes backwards."""
+def monotonic_spans(segments: Sequence[Segment], highlight: bool = False) -> list[tuple[float, float, str]]:
+    """(start, end, text) per cue, clamped so that no time goes backwards: a cue per segment, or
+    with `highlight` (and word timestamps) a cue per word, the segment's text with that word
+    underlined, as whisper's --highlight_words writes them."""
     spans, last_end = [], 0.0
-    for segment in segments:
-        start = max(segment.start, last_end)
-        end = max(segment.end, start)
-        spans.append((start, end, segment.text.strip()))
+    for start, end, text in (cue for segment in segments for cue in _cues(segment, highlight)):
+        start = max(start, last_end)
+        end = max(end, start)
+        spans.append((start, end, text))
         last_end = end
     return spans
+
+
+def _cues(segment: Segment, highlight: bool) -> list[tuple[float, float, str]]:
+    if not (highlight and segment.words):
+        return [(segment.start, segment.end, segment.text.strip())]
+    words = [word.word for word in segment.words]
+    cues, last = [], segment.start
+    for index, word in enumerate(segment.words):
+        if word.start > last:  # between words: the text without a mark
+            cues.append((last, word.start, "".join(words).strip()))
+        marked = words[:index] + [re.sub(r"^(\s*)(.*)$", r"\1<u>\2</u>", words[index])] + words[index + 1 :]
+        cues.append((word.start, word.end, "".join(marked).strip()))
+        last = word.end
+    return cues
 
 
 def to_txt(segments: Sequence[Segment], info: dict[str, Any]) -> str:
     return "".join(f"{segment.text.strip()}\n" for segment in segments)
 
 
-def to_srt(segments: Sequence[Segment], info: dict[str, Any]) -> str:
+def to_srt(segments: Sequence[Segment], info: dict[str, Any], highlight: bool = False) -> str:
     blocks = [
         f"{index}\n{timestamp(start, ',', True)} --> {timestamp(end, ',', True)}\n{text}\n"
-        for index, (start, end, text) in enumerate(monotonic_spans(segments), start=1)
+        for index, (start, end, text) in enumerate(monotonic_spans(segments, highlight), start=1)
     ]
     return "\n".join(blocks)
 
 
-def to_vtt(segments: Sequence[Segment], info: dict[str, Any]) -> str:
-    cues = [f"{timestamp(start)} --> {timestamp(end)}\n{text}\n" for start, end, text in monotonic_spans(segments)]
+def to_vtt(segments: Sequence[Segment], info: dict[str, Any], highlight: bool = False) -> str:
+    spans = monotonic_spans(segments, highlight)
+    cues = [f"{timestamp(start)} --> {timestamp(end)}\n{text}\n" for start, end, text in spans]
     return "WEBVTT\n\n" + "\n".join(cues)
 
 
@@ -65,7 +83,7 @@ def to_json(segments: Sequence[Segment], info: dict[str, Any]) -> str:
     return json.dumps(payload, indent=1, ensure_ascii=False)
 
 
-WRITERS: dict[str, Callable[[Sequence[Segment], dict[str, Any]], str]] = {
+WRITERS: dict[str, Callable[..., str]] = {
     "txt": to_txt,
     "srt": to_srt,
     "vtt": to_vtt,
@@ -86,13 +104,20 @@ def parse_formats(text: str) -> list[str]:
 
 
 def write_outputs(
-    segments: Sequence[Segment], info: dict[str, Any], audio_path: str | Path, directory: Path, formats: Sequence[str]
+    segments: Sequence[Segment],
+    info: dict[str, Any],
+    audio_path: str | Path,
+    directory: Path,
+    formats: Sequence[str],
+    highlight_words: bool = False,
 ) -> list[Path]:
-    """<stem>.<format> in `directory` for each format; the paths written."""
+    """<stem>.<format> in `directory` for each format; the paths written. highlight_words: SRT and
+    VTT get a cue per word (segments with word timestamps)."""
     directory.mkdir(parents=True, exist_ok=True)
     written = []
     for name in formats:
         path = directory / f"{Path(audio_path).stem}.{name}"
-        path.write_text(WRITERS[name](segments, info), encoding="utf-8")
+        extra = {"highlight": True} if highlight_words and name in ("srt", "vtt") else {}
+        path.write_text(WRITERS[name](segments, info, **extra), encoding="utf-8")
         written.append(path)
     return written
