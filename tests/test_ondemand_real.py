@@ -146,7 +146,7 @@ def test_official_openai_client_gets_every_format_and_a_translation(service, whi
         w for s in _recording_reference(whisper_base_bf16, load_audio(clip), word_timestamps=True) for w in s.words
     ]
     assert [(w.word, w.start, w.end) for w in timed.words] == [(w.word, w.start, w.end) for w in truth_words]
-    assert "".join(w.word for w in timed.words).strip() == text and len(timed.words) > 10
+    assert "".join(w.word for w in timed.words).strip() == text and len(timed.words) >= len(text.split())
 
 
 def test_disconnect_mid_decode_stops_the_producer_and_later_requests_stay_exact(
