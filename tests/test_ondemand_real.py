@@ -213,3 +213,31 @@ def test_wait_for_background_preparation_is_charged_as_residual(whisper_base_bf1
     finally:
         engine.close()
         preparer.close()
+
+
+def test_a_streamed_transcription_arrives_segment_by_segment_and_equals_the_answer(service, speech):
+    """stream=true through the official client on a 2-minute recording: deltas arrive while later
+    windows are still decoding, and joined they are the done event's text and the unstreamed text."""
+    import io
+
+    import openai
+    import soundfile
+
+    pause = np.zeros(16_000, dtype=np.float32)
+    recording = np.concatenate([piece for _ in range(5) for piece in (speech, pause)])  # 128 s
+    data = io.BytesIO()
+    soundfile.write(data, recording, 16_000, format="WAV")
+    with running_server(create_app(service)) as url:
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=300)
+        started, deltas, arrivals, done = time.perf_counter(), [], [], None
+        for item in client.audio.transcriptions.create(
+            model="whisper-base", file=("a.wav", data.getvalue()), stream=True
+        ):
+            if item.type == "transcript.text.delta":
+                deltas.append(item.delta)
+                arrivals.append(time.perf_counter() - started)
+            elif item.type == "transcript.text.done":
+                done = (item.text, time.perf_counter() - started)
+        whole = client.audio.transcriptions.create(model="whisper-base", file=("a.wav", data.getvalue()))
+    assert done is not None and "".join(deltas) == done[0] == whole.text and len(deltas) >= 5
+    assert arrivals[0] < done[1] - 2.0, (arrivals[0], done[1])  # the first text long before the last window

@@ -210,3 +210,24 @@ def test_client_disconnect_over_http_cancels_the_request(target):
     finally:
         gate.set()
         del target.extend
+
+
+def test_a_streamed_upload_sends_deltas_then_done_equal_to_the_answer(target):
+    import json
+
+    client = TestClient(create_app(make_engine(target)))
+    files = {"file": ("clip.wav", _wav(6.0), "audio/wav")}
+    whole = client.post("/v1/audio/transcriptions", files=files, data={"response_format": "verbose_json"}).json()
+    reply = client.post(
+        "/v1/audio/transcriptions", files=files, data={"stream": "true", "response_format": "verbose_json"}
+    )
+    assert reply.status_code == 200 and reply.headers["content-type"].startswith("text/event-stream")
+    events = [json.loads(line.removeprefix("data: ")) for line in reply.text.splitlines() if line.startswith("data: ")]
+    kinds = [e["type"] for e in events]
+    assert kinds[-1] == "transcript.text.done" and set(kinds[:-1]) == {"transcript.text.delta"}
+    done = events[-1]
+    assert "".join(e["delta"] for e in events[:-1]) == done["text"] == whole["text"]
+    assert [s["tokens"] for s in done["segments"]] == [s["tokens"] for s in whole["segments"]]
+    for data, problem in (({"stream": "yes"}, "stream"), ({"stream": "true", "response_format": "srt"}, "subtitles")):
+        bad = client.post("/v1/audio/transcriptions", files=files, data=data)
+        assert bad.status_code == 400 and problem in bad.json()["error"]["message"]

@@ -16,6 +16,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
@@ -71,6 +72,8 @@ class Job:
     arrived: float = field(default_factory=time.perf_counter)
     cancelled: threading.Event = field(default_factory=threading.Event)
     future: Future = field(default_factory=Future)
+    # uploads: called on the worker thread with each segment as it commits (a streamed response)
+    on_segment: Callable[[Any], None] | None = None
 
 
 @dataclass
@@ -210,16 +213,18 @@ class Engine:
             raise InputError(f"method {method!r} is not loaded in this service (start it with --method {method})")
         return method
 
-    def submit_upload(self, audio: np.ndarray | Upload, method: str | None, longform=None) -> Job:
+    def submit_upload(self, audio: np.ndarray | Upload, method: str | None, longform=None, on_segment=None) -> Job:
         """Decoded samples, or an Upload the worker decodes after admission; transcribed as a
         recording with `longform` (transcription.longform.LongformOptions; default: faster-whisper's,
-        the language detected where the model is multilingual)."""
+        the language detected where the model is multilingual). `on_segment(segment)`: called on
+        the worker thread as each segment commits."""
         if isinstance(audio, Upload):
             upload, samples = audio, np.empty(0, dtype=np.float32)
         else:
             upload, samples = None, audio
         longform = longform or self.upload_options
         job = Job(self.check_method(method), samples, self.default_config, upload=upload, longform=longform)
+        job.on_segment = on_segment
         return self._submit(job)
 
     def submit_live(self, seconds: float | None, method: str | None, config: DecodeConfig | None = None) -> Job:
@@ -302,8 +307,12 @@ class Engine:
                 raise RequestCancelled("the client disconnected")
 
         method = job.method if job.method in self.transcriber.methods else "target"
-        segments, info = self.transcriber.transcribe(job.audio, job.longform, method=method, check=check)
-        segments = list(segments)
+        lazy, info = self.transcriber.transcribe(job.audio, job.longform, method=method, check=check)
+        segments = []
+        for segment in lazy:  # window by window, as the long-form loop commits them
+            segments.append(segment)
+            if job.on_segment is not None:
+                job.on_segment(segment)
         results = [w.chosen.result for w in info.windows]
         text = "".join(segment.text for segment in segments).strip()
         response = self._response(job, started, results, 0.0, text, len(info.windows), False)

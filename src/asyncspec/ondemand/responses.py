@@ -124,6 +124,19 @@ def render(result: Transcription, fmt: str) -> Response:
     return JSONResponse(body, headers=headers)
 
 
+def done_fields(result: Transcription, fmt: str) -> dict[str, Any]:
+    """What a streamed answer's done event carries beside the text: with verbose_json, what
+    verbose_json answers (segments, words); always asyncspec's figures."""
+    extra: dict[str, Any] = {"asyncspec": result.as_dict()}
+    if fmt == "verbose_json":
+        segments = result.segments or [_whole(result)]
+        extra |= {"language": language_names().get(result.language, result.language), "duration": result.audio_s}
+        extra["segments"] = [_segment(segment) for segment in segments]
+        if any(segment.words for segment in segments):
+            extra["words"] = [{"word": w.word, "start": w.start, "end": w.end} for s in segments for w in s.words or ()]
+    return extra
+
+
 def _whole(result: Transcription) -> Segment:
     """A live request's answer (one window, no timestamps) as one segment over its audio."""
     return Segment(0, 0, 0.0, result.audio_s, result.text, tuple(result.tokens), 0.0, 0.0, 0.0, 0.0)

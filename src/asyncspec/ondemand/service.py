@@ -28,8 +28,16 @@ from asyncspec.httpguard import FORM_OVERHEAD_BYTES, Guard, GuardConfig, install
 from asyncspec.ondemand.engine import Engine, Job, QueueFull, RequestCancelled, ServiceUnavailable, Upload
 from asyncspec.ondemand.engine import Response as Transcription
 from asyncspec.ondemand.memory import memory_report
-from asyncspec.ondemand.responses import GRANULARITY_FIELDS, language_names, longform_options, render
+from asyncspec.ondemand.responses import (
+    GRANULARITY_FIELDS,
+    SUBTITLE_TYPES,
+    done_fields,
+    language_names,
+    longform_options,
+    render,
+)
 from asyncspec.ondemand.responses import response_format as parse_format
+from asyncspec.ondemand.streamed import stream_requested, streamed_upload
 
 MAX_UPLOAD_BYTES = 32 << 20  # ten minutes of 16-bit stereo at 16 kHz is 38 MB as WAV; compressed far less
 MAX_UPLOAD_S = 600.0  # ten minutes: longer uploads belong to the live input
@@ -64,6 +72,11 @@ def create_app(
         fmt = parse_format(fields.get("response_format"))
         longform = longform_options(fields, task, engine.upload_options, fmt)
         audio = Upload(data, fields.get("filename", "upload"), limits.max_seconds, limits.max_samples)
+        if stream_requested(fields.get("stream")):
+            if fmt in SUBTITLE_TYPES:
+                raise InputError("stream=true answers json, text or verbose_json, not subtitles")
+            submit = lambda on_segment: engine.submit_upload(audio, fields.get("method"), longform, on_segment)  # noqa: E731
+            return streamed_upload(request, submit, lambda result: done_fields(result, fmt))
         job = engine.submit_upload(audio, fields.get("method"), longform)
         return render(await _finish(request, job), fmt)
 

@@ -14,7 +14,7 @@ too long, and segments starting and ending with their words."""
 from __future__ import annotations
 
 import string
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -136,7 +136,7 @@ def dtw(cost: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def split_words(
-    tokenizer, tokens: list[int], eot: int, language: str, firsts: set[int] = frozenset()
+    tokenizer, tokens: list[int], eot: int, language: str, firsts: Collection[int] = ()
 ) -> tuple[list[str], list[list[int]]]:
     """Words and their tokens: whole characters first, then (except in languages written without
     spaces) a new word at every leading space, punctuation mark or special token, and at every
