@@ -105,3 +105,23 @@ def test_highlighted_cues_parse_and_never_go_backwards():
     assert len(vtt) == 5 and vtt[3].raw_text == "One two, <u>three.</u>" and vtt[3].text == "One two, three."
     plain = list(srt.parse(to_srt(segments, {})))
     assert [c.content for c in plain] == ["One two, three.", "Four."]
+
+
+def test_a_window_cut_at_its_token_limit_reads_no_row_that_was_never_fed(tokenizer):
+    """The last output token of a window that hit its limit was never fed, so its row holds
+    nothing; the words are still timed, from rows that were computed."""
+    from asyncspec.transcription.word_timing import window_words
+
+    eot = tokenizer.token_id("<|endoftext|>")
+    output = tokenizer.encode(" one two three four")
+    segment = Segment(1, 0, 0.0, 4.0, " one two three four", tuple(output), -0.1, 1.0, 0.0, 0.0)
+    generator = torch.Generator().manual_seed(3)
+
+    def weights_of(k: int) -> torch.Tensor:
+        assert 0 <= k < len(output), f"row {k} was never fed"
+        return torch.softmax(torch.randn(4, 1500, generator=generator), dim=-1)
+
+    timed, _ = window_words(tokenizer, eot, [segment], output, [-0.1] * len(output), weights_of, 400, 0.0, "en", 0.0)
+    words = timed[0].words
+    assert [w.word for w in words] == [" one", " two", " three", " four"]
+    assert all(0.0 <= w.start <= w.end <= 4.0 for w in words)

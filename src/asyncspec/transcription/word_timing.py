@@ -52,13 +52,16 @@ def window_words(
 ) -> tuple[list[Segment], float]:
     """The window's segments with their words (and start/end adjusted to them), and the end of the
     last speech. output: the window's output tokens; logprobs[k]: log-probability of output[k];
-    weights_of(k): [heads, 1500] weights of the row that predicted output[k] (k == len(output) is
-    the row after the last token); frames: the window's mel frames."""
+    weights_of(k): [heads, 1500] weights of the row that predicted output[k]; frames: the window's
+    mel frames."""
     indices = _text_indices(segments, output, eot)
     flat = [k for per_segment in indices for k in per_segment]
     if not flat:
         return segments, last_speech_s
-    rows = torch.stack([weights_of(k) for k in flat] + [weights_of(flat[-1] + 1)])  # [n + 1, heads, 1500]
+    # and the row after the last text token, which is fed unless that token ended the output
+    # (a window cut at its token limit): then its own row stands in
+    after = min(flat[-1] + 1, len(output) - 1)
+    rows = torch.stack([weights_of(k) for k in flat] + [weights_of(after)])  # [n + 1, heads, 1500]
     matrix = _alignment_matrix(rows, frames)
     text_indices, time_indices = dtw(-matrix)
     tokens = [output[k] for k in flat]
