@@ -36,6 +36,16 @@ class ChatFormatter:
         return "\n".join([*lines, "assistant:"])
 
 
+def readiness_problems(gateway) -> list[str]:
+    """Why the edge cannot serve a completion now (empty: it can): the cloud has not introduced
+    itself, or has been silent for longer than a heartbeat and the dead-after delay."""
+    if gateway.cloud is None:
+        return ["the cloud verifier has not answered yet"]
+    silent = time.monotonic() - gateway.liveness.last_heard
+    limit = gateway.policy.heartbeat_s + gateway.policy.dead_after_s
+    return [f"the cloud verifier has been silent for {silent:.1f} s (limit {limit:.1f} s)"] if silent > limit else []
+
+
 def _error(status: int, message: str, param: str | None = None) -> JSONResponse:
     body = {"error": {"message": message, "type": "invalid_request_error", "param": param, "code": None}}
     return JSONResponse(body, status_code=status)
@@ -85,6 +95,17 @@ def make_app(gateway, tokenizer, model_name: str, chat: ChatFormatter | None = N
     @app.get("/v1/models")
     async def models():
         return {"object": "list", "data": [{"id": model_name, "object": "model", "owned_by": "asyncspec"}]}
+
+    @app.get("/health")
+    async def health():
+        """Liveness: the HTTP front answers (the gateway's loop is checked by /ready)."""
+        return {"status": "ok"}
+
+    @app.get("/ready")
+    async def ready():
+        problems = readiness_problems(gateway)
+        body = {"status": "ready" if not problems else "not ready", "problems": problems}
+        return JSONResponse(body, status_code=200 if not problems else 503)
 
     return Guard(app, guard or GuardConfig())
 

@@ -105,8 +105,16 @@ def create_app(
         return {"object": "list", "data": [{"id": model_name, "object": "model", "owned_by": "asyncspec"}]}
 
     @app.get("/healthz")
+    @app.get("/health")
     async def health() -> dict[str, str]:
         return {"status": "ok"}
+
+    @app.get("/ready")
+    async def ready() -> JSONResponse:
+        """Ready: the worker that decodes requests runs (the models are loaded before it starts)."""
+        running = engine.thread.is_alive()  # it ends when the service closes
+        body = {"status": "ready" if running else "not ready"}
+        return JSONResponse(body, status_code=200 if running else 503)
 
     return Guard(app, guard)
 
