@@ -104,6 +104,11 @@ def create_app(
     async def models() -> dict[str, Any]:
         return {"object": "list", "data": [{"id": model_name, "object": "model", "owned_by": "asyncspec"}]}
 
+    _health_routes(app, engine)
+    return Guard(app, guard)
+
+
+def _health_routes(app: FastAPI, engine: Engine) -> None:
     @app.get("/healthz")
     @app.get("/health")
     async def health() -> dict[str, str]:
@@ -115,8 +120,6 @@ def create_app(
         running = engine.thread.is_alive()  # it ends when the service closes
         body = {"status": "ready" if running else "not ready"}
         return JSONResponse(body, status_code=200 if running else 503)
-
-    return Guard(app, guard)
 
 
 def _map_service_errors(app: FastAPI) -> None:
