@@ -174,8 +174,9 @@ def _encoded_request(
     """The window's request, carrying its encoder output: every draw of a fallback reuses it."""
     if options.language is None:
         raise ValueError("the language must be known (detected) before the first window")
-    conditioning = {"previous": previous, "task": options.task} | ({"hotwords": hotwords} if hotwords else {})
-    request = target.request(audio, language=options.language, timestamps=True, **conditioning)
+    request = target.request(
+        audio, language=options.language, timestamps=True, previous=previous, task=options.task, hotwords=hotwords
+    )
     started = time.perf_counter()
     encoded = encode(audio)
     return replace(request, encoded=encoded), time.perf_counter() - started
@@ -211,6 +212,9 @@ def _decode_with_fallback(
 
 def _recorded(sink, request: DecodeRequest, tokens):
     state = sink.state_for([*request.prompt_ids, *tokens[:-1]])  # the last token (end of text) is never fed
+    # each state refers to the sink (for its copies): emptied, the draws not chosen and their
+    # caches are freed now rather than at the next cyclic collection
+    sink.states.clear()
     if state is None:
         raise RuntimeError("word timestamps: no recorded decoder state holds the chosen tokens")
     return state.cache.attention
