@@ -1,7 +1,8 @@
 # Two entry points for a fresh machine (see README.md): `make demo` and `make test`.
 VENV ?= .venv
 PY := $(VENV)/bin/python
-APT_PACKAGES := pocketsphinx-testdata espeak-ng sox libsndfile1 festival festvox-us-slt-hts festvox-kallpc16k
+APT_PACKAGES := pocketsphinx-testdata espeak-ng sox libsndfile1 festival festvox-us-slt-hts festvox-kallpc16k \
+  festvox-italp16k festvox-itapc16k festvox-suopuhe-lj festvox-suopuhe-mv festvox-ru
 STAMP := $(VENV)/.installed
 QWEN_STAMP := $(VENV)/.qwen-installed
 
@@ -18,8 +19,8 @@ test: setup lint qwen
 
 # Style, then types (mypy's settings: pyproject.toml).
 lint: setup
-	$(VENV)/bin/ruff check src tests
-	$(VENV)/bin/ruff format --check src tests
+	$(VENV)/bin/ruff check src tests scripts
+	$(VENV)/bin/ruff format --check src tests scripts
 	$(VENV)/bin/mypy
 
 setup: system-packages $(STAMP)

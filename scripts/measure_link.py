@@ -15,8 +15,8 @@ import statistics
 import threading
 import time
 
-from asyncspec.cloudedge.link_process import LinkProcess
-from asyncspec.cloudedge.link_profiles import PROFILE_RATES_MBIT, LinkProfile, resolve_profile
+from asyncspec.cloudedge.link.process import LinkProcess
+from asyncspec.cloudedge.link.profiles import PROFILE_RATES_MBIT, LinkProfile, resolve_profile
 
 
 def _pair(profile: LinkProfile):
@@ -53,7 +53,8 @@ def achieved_mbit(profile: LinkProfile, direction: str, seconds: float = 1.0) ->
 
 def one_way_ms(profile: LinkProfile, pings: int = 15) -> tuple[float, float]:
     link, client, server = _pair(profile)
-    up, down = [], []
+    up: list[float] = []
+    down: list[float] = []
     for _ in range(pings):
         for sender, receiver, samples in ((client, server, up), (server, client, down)):
             sent = time.perf_counter()

@@ -1,4 +1,4 @@
-"""Re-measure the CPU side of the link-scale derivation (asyncspec.cloudedge.link_profiles).
+"""Re-measure the CPU side of the link-scale derivation (asyncspec.cloudedge.link.profiles).
 
 Times one block verification of the cloud target (Qwen2.5-Coder-1.5B, bf16, one torch thread): a width-K
 `extend` after a HumanEval prompt, rolled back after each call, and prints the factor
@@ -17,9 +17,10 @@ import time
 
 import torch
 
-from asyncspec.cloudedge.link_profiles import GPU_VERIFY_S_1P5B_A100, GPU_VERIFY_S_32B_A100
+from asyncspec.cloudedge.link.profiles import GPU_VERIFY_S_1P5B_A100, GPU_VERIFY_S_32B_A100
+from asyncspec.data.workloads.tasks import humaneval_tasks
+from asyncspec.models.hf_causal import CausalLMBackend
 from asyncspec.models.registry import load_decoder
-from asyncspec.workloads.tasks import humaneval_tasks
 
 
 def time_block(target, state, width: int, repeats: int) -> list[float]:
@@ -47,6 +48,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     target = load_decoder(args.model, torch.bfloat16)
     prompt = humaneval_tasks(limit=1)[0].prompt
+    assert isinstance(target, CausalLMBackend)
     state = target.prefill(target.request(prompt, max_new_tokens=64))
     results = {"model": args.model, "threads": args.threads, "prompt_tokens": state.length}
     results["loadavg_before"] = os.getloadavg()

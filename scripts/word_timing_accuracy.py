@@ -44,7 +44,7 @@ def main() -> None:
             words = [(w.word, w.start, w.end) for s in segments for w in s.words or ()]
             errors["faster-whisper int8"] += start_errors(words, truth)
         reference_words = sum(len(truth) for _, _, truth in files)
-    result = {name: summary(found, reference_words) for name, found in errors.items()}
+    result: dict = {name: summary(found, reference_words) for name, found in errors.items()}
     result["as2d equals target-only"] = equal
     result["files"] = len(files)
     print(json.dumps(result, indent=1))

@@ -10,7 +10,16 @@ import numpy as np
 import pytest
 import tokenizers
 import torch
-from transformers import Qwen2Config, Qwen2ForCausalLM, WhisperConfig, WhisperForConditionalGeneration
+from transformers import (
+    LlamaConfig,
+    LlamaForCausalLM,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+    WhisperConfig,
+    WhisperForConditionalGeneration,
+)
 
 from asyncspec.models.hf_causal import CausalLMBackend
 from asyncspec.models.hf_whisper import WhisperBackend
@@ -32,24 +41,40 @@ def word_tokenizer(vocab: int = TINY_VOCAB) -> TextTokenizer:
     return TextTokenizer(backend)
 
 
+CAUSAL_LAYOUTS = {
+    "qwen2": (Qwen2Config, Qwen2ForCausalLM),
+    "qwen3": (Qwen3Config, Qwen3ForCausalLM),  # per-head q/k RMSNorm, an explicit head_dim
+    "llama": (LlamaConfig, LlamaForCausalLM),  # no q/k/v biases
+}
+
+
 def tiny_causal(
-    dtype: torch.dtype | str = torch.float32, seed: int = 0, engine: str = "fixed-shape"
+    dtype: torch.dtype | str = torch.float32,
+    seed: int = 0,
+    engine: str = "fixed-shape",
+    layout: str = "qwen2",
+    init_std: float = 0.02,
 ) -> CausalLMBackend:
-    """dtype "int8": an fp32 model with int8 decoder weights (models/int8_linear.py)."""
+    """dtype "int8": an fp32 model with int8 decoder weights (models/int8_linear.py); init_std: the
+    weights' spread (transformers' 0.02 gives logits that barely depend on the input)."""
     torch.manual_seed(seed)
-    config = Qwen2Config(
+    config_class, model_class = CAUSAL_LAYOUTS[layout]
+    config = config_class(
         vocab_size=TINY_VOCAB,
         hidden_size=64,
         intermediate_size=128,
         num_hidden_layers=2,
         num_attention_heads=4,
         num_key_value_heads=2,
+        head_dim=16,
         max_position_embeddings=512,
         tie_word_embeddings=False,
+        initializer_range=init_std,
     )
-    model = Qwen2ForCausalLM(config).to(torch.float32 if dtype == "int8" else dtype)
+    model = model_class(config).to(torch.float32 if dtype == "int8" else dtype)
     eos = frozenset({TINY_VOCAB - 1})
-    return CausalLMBackend(model, word_tokenizer(), f"tiny-qwen2-{seed}", eos, engine=engine, int8=dtype == "int8")
+    name = f"tiny-{layout}-{seed}"
+    return CausalLMBackend(model, word_tokenizer(), name, eos, engine=engine, int8=dtype == "int8")
 
 
 def tiny_whisper(

@@ -201,8 +201,7 @@ def test_guard_passes_bodies_and_streams_and_enforces_its_limits(guarded):
     assert other.get(url).status_code == 200  # another address
     slow = open_idle(port, 1, "127.0.0.2")[0]
     slow.sendall(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\nab")
-    started = time.monotonic()
-    assert slow.recv(100).startswith(b"HTTP/1.1 408") and time.monotonic() - started < 2.0
+    assert slow.recv(100).startswith(b"HTTP/1.1 408")  # the body timeout's, by its counter below
     smuggle = open_idle(port, 1, "127.0.0.2")[0]
     smuggle.sendall(b"POST / HTTP/1.1\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n")
     assert smuggle.recv(100).startswith(b"HTTP/1.1 400")

@@ -12,7 +12,7 @@ import torch
 
 from asyncspec.decoding.target_only import decode_target_only
 from asyncspec.models.base import DecodeRequest
-from conftest import requires_qwen_05b
+from conftest import requires_qwen_05b, tiny_causal
 
 NEW_TOKENS = 24
 NEAR_TIE = 1e-3  # fp32: a position where transformers' top-2 logits are closer may go either way
@@ -20,6 +20,7 @@ NEAR_TIE = 1e-3  # fp32: a position where transformers' top-2 logits are closer 
 # 32.5); the flipped-sine engine 25.4. fp32 Whisper against CTranslate2 float32 1.1e-4; frozen 12.1.
 QWEN_BF16_LOGIT_BOUND = 1.0
 WHISPER_FP32_LOGIT_BOUND = 1e-2
+WHISPER_BF16_LOGIT_BOUND = 1.0
 
 
 def flip_sine_past(forward, position: int) -> None:
@@ -35,14 +36,16 @@ def flip_sine_past(forward, position: int) -> None:
     forward._rotary_table = flipped.__get__(forward)
 
 
-def first_real_difference(ours: list[int], theirs: list[int], logits: torch.Tensor) -> tuple[int, float] | None:
-    """(position, transformers' top-2 margin there) of the first differing token whose margin is at
-    least NEAR_TIE; None when the outputs agree up to a near-tie (after which they may diverge)."""
+def first_real_difference(
+    ours: list[int], theirs: list[int], logits: torch.Tensor, near_tie: float = NEAR_TIE
+) -> tuple[int, float] | None:
+    """(position, the reference's top-2 margin there) of the first differing token whose margin is at
+    least `near_tie`; None when the outputs agree up to a near-tie (after which they may diverge)."""
     for position, (mine, reference) in enumerate(zip(ours, theirs, strict=True)):
         if mine != reference:
             top = logits[position].topk(2).values
             margin = float(top[0] - top[1])
-            return None if margin < NEAR_TIE else (position, margin)
+            return None if margin < near_tie else (position, margin)
     return None
 
 
@@ -55,8 +58,10 @@ def qwen_prompt():
 
 
 def generate_greedy(model, ids: list[int], tokens: int) -> tuple[list[int], torch.Tensor]:
+    prompt = torch.tensor([ids])
     out = model.generate(
-        torch.tensor([ids]),
+        prompt,
+        attention_mask=torch.ones_like(prompt),  # else every id equal to pad_token_id is masked out
         max_new_tokens=tokens,
         do_sample=False,
         repetition_penalty=1.0,
@@ -119,10 +124,10 @@ def test_qwen_bf16_logits_stay_near_transformers_fp32(qwen_05b_fp32, qwen_prompt
     assert float((forced_logits(decoder, request, continuation) - truth).abs().max()) > 10 * QWEN_BF16_LOGIT_BOUND
 
 
-@pytest.mark.real
-def test_whisper_fp32_tokens_and_logits_equal_ctranslate2_on_a_25_s_window():
-    """89 tokens of real speech: CTranslate2 float32's greedy tokens, and its logits at every step
-    within WHISPER_FP32_LOGIT_BOUND (its suppressed entries, -3.4e38, left out)."""
+@pytest.fixture(scope="module")
+def whisper_window():
+    """89 tokens of real speech (librivox-25s, far past position 40): the samples, and CTranslate2
+    float32's greedy tokens with its logits at every step."""
     import ctranslate2
 
     from asyncspec.benchmarks.e2e_systems import ct2_directory
@@ -131,23 +136,68 @@ def test_whisper_fp32_tokens_and_logits_equal_ctranslate2_on_a_25_s_window():
     from asyncspec.models.registry import load_decoder
 
     samples = next(s for dataset, _, s in librivox_windows() if dataset == "librivox-25s")
-    decoder = load_decoder("whisper-base", torch.float32, encoder="fp32")
-    request = decoder.request(samples)
+    prompt = load_decoder("whisper-base", torch.float32, encoder="fp32").request(samples).prompt_ids
     ct2 = ctranslate2.models.Whisper(str(ct2_directory("whisper-base")), device="cpu", compute_type="float32")
     features = ctranslate2.StorageView.from_array(np.ascontiguousarray(log_mel_tensor(samples, 80).numpy()))
-    result = ct2.generate(features, [list(request.prompt_ids)], beam_size=1, return_logits_vocab=True)[0]
-    theirs = result.sequences_ids[0]
+    result = ct2.generate(features, [list(prompt)], beam_size=1, return_logits_vocab=True)[0]
     steps = torch.stack([torch.as_tensor(np.asarray(step)).reshape(-1) for step in result.logits[0]]).float()
-    assert len(theirs) > 60  # far past position 40
-    assert decode_target_only(decoder, None, request).tokens == theirs
+    assert len(result.sequences_ids[0]) > 60
+    return samples, result.sequences_ids[0], steps
 
-    def gap() -> float:
-        ours = forced_logits(decoder, request, theirs)
-        kept = torch.isfinite(ours) & (steps[: len(theirs)] > -1e30)
-        return float(torch.where(kept, (ours - steps[: len(theirs)]).abs(), torch.zeros(())).max())
 
-    measured = gap()
-    print(f"fp32 engine against CTranslate2 float32: max |logit difference| {measured:.2e}")
-    assert measured <= WHISPER_FP32_LOGIT_BOUND
+def ct2_gap(decoder, request: DecodeRequest, theirs: list[int], steps: torch.Tensor) -> float:
+    """Max |logit difference| over CTranslate2's tokens, its suppressed entries (-3.4e38) left out."""
+    ours = forced_logits(decoder, request, theirs)
+    kept = torch.isfinite(ours) & (steps[: len(theirs)] > -1e30)
+    return float(torch.where(kept, (ours - steps[: len(theirs)]).abs(), torch.zeros(())).max())
+
+
+@pytest.mark.real
+@pytest.mark.parametrize(
+    ("dtype", "encoder", "bound"),
+    [(torch.float32, "fp32", WHISPER_FP32_LOGIT_BOUND), (torch.bfloat16, "bf16", WHISPER_BF16_LOGIT_BOUND)],
+    ids=["fp32", "bf16"],
+)
+def test_whisper_tokens_and_logits_match_ctranslate2_on_a_25_s_window(whisper_window, dtype, encoder, bound):
+    """The engine's greedy tokens equal CTranslate2 float32's (in bf16: up to a position where
+    CTranslate2's own top-2 margin is below the bf16 bound), and its logits at every step of
+    CTranslate2's tokens stay within `bound`; positions frozen past 40 break the bound."""
+    from asyncspec.models.registry import load_decoder
+
+    samples, theirs, steps = whisper_window
+    decoder = load_decoder("whisper-base", dtype, encoder=encoder)
+    request = decoder.request(samples)
+    ours = decode_target_only(decoder, None, request).tokens
+    if dtype == torch.float32:
+        assert ours == theirs
+    else:
+        assert first_real_difference(ours, theirs, steps, near_tie=bound) is None
+    measured = ct2_gap(decoder, request, theirs, steps)
+    print(f"{encoder} engine against CTranslate2 float32: max |logit difference| {measured:.2e}")
+    assert measured <= bound
     decoder.engine.forward.last_position = 40  # the control: positions past 40 all read the 40th
-    assert gap() > 100 * WHISPER_FP32_LOGIT_BOUND
+    assert ct2_gap(decoder, request, theirs, steps) > 10 * bound
+
+
+TINY_FP32_LOGIT_BOUND = 1e-4  # measured: 2e-6 at most on a 2-core EPYC
+
+
+@pytest.mark.parametrize("layout", ["qwen2", "qwen3", "llama"])
+def test_tiny_layouts_equal_transformers_past_one_prompt_block(layout, monkeypatch):
+    """Every layout forward_causal.py writes, against transformers' own model of it: greedy tokens
+    equal to `generate` (up to a near-tie) and teacher-forced logits within TINY_FP32_LOGIT_BOUND,
+    over an 80-token prompt (two 64-row prefill blocks); the flipped-sine engine fails the bound."""
+    decoder = tiny_causal(torch.float32, seed=31, layout=layout, init_std=0.2)
+    monkeypatch.setattr(decoder, "eos_ids", frozenset())
+    ids = torch.randint(0, decoder.vocab_size - 1, (80,), generator=torch.Generator().manual_seed(31)).tolist()
+    theirs, logits = generate_greedy(decoder.model, ids, NEW_TOKENS)
+    request = DecodeRequest(tuple(ids), max_new_tokens=NEW_TOKENS)
+    assert first_real_difference(decode_target_only(decoder, None, request).tokens, theirs, logits) is None
+    with torch.inference_mode():
+        truth = decoder.model(torch.tensor([ids + theirs])).logits[0, len(ids) - 1 : -1].float()
+    gap = float((forced_logits(decoder, request, theirs) - truth).abs().max())
+    print(f"{layout}: max |logit difference| {gap:.2e}")
+    assert gap <= TINY_FP32_LOGIT_BOUND
+
+    flip_sine_past(decoder.engine.forward, 64)
+    assert float((forced_logits(decoder, request, theirs) - truth).abs().max()) > 100 * TINY_FP32_LOGIT_BOUND

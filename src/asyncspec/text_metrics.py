@@ -49,9 +49,17 @@ def _normalizer() -> Callable[[str], str]:
     return EnglishTextNormalizer(_spelling_map()[0])
 
 
-def normalize(text: str) -> list[str]:
-    """Whisper's English normalisation, as words."""
-    return _normalizer()(text).split()
+@lru_cache(maxsize=1)
+def _basic_normalizer() -> Callable[[str], str]:
+    from transformers.models.whisper.english_normalizer import BasicTextNormalizer
+
+    return BasicTextNormalizer()
+
+
+def normalize(text: str, language: str = "en") -> list[str]:
+    """Whisper's English normalisation, as words; for other languages its basic one (lower case,
+    no punctuation or bracketed text), as openai-whisper scores its multilingual sets."""
+    return (_normalizer() if language == "en" else _basic_normalizer())(text).split()
 
 
 def edit_distance(reference: Sequence[str], hypothesis: Sequence[str]) -> int:
@@ -75,9 +83,9 @@ def common_subsequence(reference: Sequence[str], hypothesis: Sequence[str]) -> i
     return previous[-1]
 
 
-def word_errors(reference: str, hypothesis: str) -> tuple[int, int]:
+def word_errors(reference: str, hypothesis: str, language: str = "en") -> tuple[int, int]:
     """(word edits, reference words) after normalisation; sum both over a corpus for its WER."""
-    ref, hyp = normalize(reference), normalize(hypothesis)
+    ref, hyp = normalize(reference, language), normalize(hypothesis, language)
     return edit_distance(ref, hyp), len(ref)
 
 

@@ -40,19 +40,27 @@ FESTIVAL_PACKAGES = "festival festvox-us-slt-hts festvox-kallpc16k"
 
 def synthesize_dev_set(directory: Path) -> list[Path]:
     """One WAV per (voice, pair of passages), ~8-24 s each; reused when already there."""
-    if shutil.which("text2wave") is None:
-        raise InputError(f"Festival is not installed (apt-get install {FESTIVAL_PACKAGES})")
     directory.mkdir(parents=True, exist_ok=True)
     texts = [" ".join(PRIDE_AND_PREJUDICE[i : i + 2]) for i in range(0, len(PRIDE_AND_PREJUDICE), 2)]
     paths = []
     for voice, select in FESTIVAL_VOICES.items():
         for index, text in enumerate(texts):
-            path = directory / f"pride-{voice}-{index}.wav"
-            if not path.exists():
-                command = ["text2wave", "-eval", select, "-o", str(path)]
-                subprocess.run(command, input=text.encode(), check=True, capture_output=True)
-            paths.append(path)
+            paths.append(festival_speak(directory / f"pride-{voice}-{index}.wav", text, select))
     return paths
+
+
+def festival_speak(path: Path, text: str, select: str, encoding: str = "utf-8", packages: str = "") -> Path:
+    """Festival's `text2wave` of `text` in the voice `select` chooses, unless already at `path`;
+    `encoding`: the text encoding the voice reads (the Italian and Finnish diphone voices: Latin-1)."""
+    if shutil.which("text2wave") is None:
+        raise InputError(f"Festival is not installed (apt-get install {packages or FESTIVAL_PACKAGES})")
+    if not path.exists():
+        command = ["text2wave", "-eval", select, "-o", str(path)]
+        done = subprocess.run(command, input=text.encode(encoding), capture_output=True)
+        if done.returncode != 0 or not path.exists():
+            hint = f" (apt-get install {packages})" if packages else ""
+            raise InputError(f"Festival could not speak with {select}{hint}: {done.stderr.decode()[-300:]}")
+    return path
 
 
 def speak(path: Path, text: str, voice: str, words_per_minute: int) -> Path:

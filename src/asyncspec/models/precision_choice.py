@@ -1,12 +1,14 @@
-"""`--dtype auto`: the target decoder's precision, int8 or bf16, chosen by measurement on this CPU.
+"""`--dtype auto`: the target decoder's precision, int8, bf16 or fp32, chosen by measurement on this CPU.
 
-Attention, norms and softmax run in fp32 in both (models/fixed_shape.py), so the two differ in
+Attention, norms and softmax run in fp32 in all three (models/fixed_shape.py), so they differ in
 the linears alone: the decoder's layer shapes and the output projection at the decoding width.
 Those are timed here on random weights of the model's shapes (the model itself is loaded once,
 in the chosen precision). bf16 wins where the CPU has native bf16 and slow int8 paths; int8
-wins where bf16 is emulated (a CPU without avx512_bf16 or AMX), and here on an AMD EPYC with
-both. int8 is a candidate only if its integer products are exact on this CPU. The choice is
-cached per machine (CPU model and flags, ISA caps, torch version, threads, shapes).
+wins where bf16 is emulated (a CPU without avx512_bf16 or AMX) and VNNI makes integer products
+fast, and here on an AMD EPYC with both; fp32 wins where neither is native (an AVX2-only CPU:
+measured on a Zen 1 EPYC, bf16 233 ms and int8 471 ms a call). int8 is a candidate only if its
+integer products are exact on this CPU. The choice is cached per machine (CPU model and flags,
+ISA caps, torch version, threads, shapes).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ ROUNDS = 3  # candidates timed in turn, this many times: a stall during one pass
 
 @dataclass(frozen=True)
 class PrecisionChoice:
-    dtype: str  # "int8" or "bf16"
+    dtype: str  # "int8", "bf16" or "fp32"
     measured_ms: dict[str, float]  # candidate -> ms of one call's linears at the decoding width
     int8_exact: bool
     cached: bool = False
@@ -62,6 +64,7 @@ def time_linears(shapes: list[tuple[int, int]]) -> dict[str, float]:
     candidates = {
         "int8": {shape: Int8Linear(w, None) for shape, w in weights.items()},
         "bf16": {shape: _bf16_linear(w) for shape, w in weights.items()},
+        "fp32": {shape: _fp32_linear(w) for shape, w in weights.items()},
     }
     inputs = {shape: torch.randn(TIMING_ROWS, shape[1], generator=generator) for shape in distinct}
     for layers in candidates.values():
@@ -88,8 +91,12 @@ def _bf16_linear(weight: torch.Tensor):
     return lambda x: torch.nn.functional.linear(x.to(torch.bfloat16), weight)
 
 
+def _fp32_linear(weight: torch.Tensor):
+    return lambda x: torch.nn.functional.linear(x, weight)
+
+
 def choose_precision(model_dir: str | Path) -> PrecisionChoice:
-    """The faster of int8 and bf16 for the model in `model_dir` on this machine (cached)."""
+    """The fastest of int8, bf16 and fp32 for the model in `model_dir` on this machine (cached)."""
     config = json.loads((Path(model_dir) / "config.json").read_text())
     shapes = linear_shapes(config)
     path = _cache_file(shapes)
@@ -98,7 +105,8 @@ def choose_precision(model_dir: str | Path) -> PrecisionChoice:
         return cached
     exact = all(products_exact(k, n) for n, k in sorted(set(shapes)))
     timings = time_linears(shapes)
-    dtype = "int8" if exact and timings["int8"] <= timings["bf16"] else "bf16"
+    eligible = {name: ms for name, ms in timings.items() if exact or name != "int8"}
+    dtype = min(eligible, key=eligible.get)  # ties: the first listed (int8, then bf16)
     choice = PrecisionChoice(dtype, timings, exact)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(asdict(choice)))

@@ -27,7 +27,9 @@ from asyncspec.spawning import start_worker
 
 __all__ = ["ProducerProcess", "ProducerSpec", "worker_main"]
 
-READY_TIMEOUT_S = 120.0
+# A worker's first load on a machine also measures its encoder's placement (cached after): on a
+# 2-core AVX2-only EPYC under load that took over 120 s, as bf16 and int8 are emulated there.
+READY_TIMEOUT_S = 600.0
 
 
 def worker_main(spec: ProducerSpec, commands: Connection, batches: Connection) -> None:

@@ -166,6 +166,16 @@ class Transcriber:
     def producer(self):
         return self.drafters.get("as2d")
 
+    def detect_language(self, audio) -> tuple[str, float, dict[str, float]]:
+        """(language, its probability, every language's): Whisper's identification on the first
+        30 s, as `transcribe` runs it when no language is given (faster-whisper's detect_language)."""
+        return self.target.detect_language(self._first_window(self.load(audio))[1])
+
+    def _first_window(self, samples: np.ndarray):
+        """(the first window's audio, its encoder output)."""
+        first_audio = window_audio(samples, 0)[0]
+        return first_audio, self.target.encode_audio(first_audio)
+
     def transcribe(
         self,
         audio: str | Path | np.ndarray,
@@ -201,8 +211,7 @@ class Transcriber:
         if options.language is None and not len(samples):
             options = replace(options, language="en")  # no speech: nothing to detect, nothing to decode
         if options.language is None:
-            first_audio = window_audio(samples, 0)[0]
-            first_window = (first_audio, self.target.encode_audio(first_audio))
+            first_window = self._first_window(samples)
             language, probability, _ = self.target.detect_language(first_window[1])
             options = replace(options, language=language)
         method, notes = self._runnable(method, options)
