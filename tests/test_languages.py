@@ -57,6 +57,9 @@ def test_as2d_with_an_english_only_producer_decodes_other_languages_target_only_
         assert info.method == "target" and len(info.notes) == 1 and "whisper-tiny.en" in info.notes[0]
     _, detected = transcriber.transcribe(audio, method="target", **quick)  # a multilingual model detects
     assert detected.options.language == detected.language and 0 < detected.language_probability <= 1
+    alone = transcriber.detect_language(audio)  # the same identification, without transcribing
+    assert alone[:2] == (detected.language, detected.language_probability)
+    assert alone == multilingual.detect_language(multilingual.encode_audio(audio))
     assert transcriber.default_language is None
 
 
