@@ -15,7 +15,7 @@ demo: setup
 # The tests include the real Qwen pair (exactness through the services), so they prepare it too.
 test: setup lint qwen
 	$(VENV)/bin/asyncspec models prepare whisper-base whisper-tiny.en
-	$(PY) -m pytest -q -rs
+	$(PY) -m pytest -q -rs --durations=20
 
 # Style, then types (mypy's settings: pyproject.toml).
 lint: setup

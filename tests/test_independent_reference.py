@@ -20,7 +20,7 @@ NEAR_TIE = 1e-3  # fp32: a position where transformers' top-2 logits are closer 
 # 32.5); the flipped-sine engine 25.4. fp32 Whisper against CTranslate2 float32 1.1e-4; frozen 12.1.
 QWEN_BF16_LOGIT_BOUND = 1.0
 WHISPER_FP32_LOGIT_BOUND = 1e-2
-WHISPER_BF16_LOGIT_BOUND = 1.0
+WHISPER_BF16_LOGIT_BOUND = 1.5  # measured 0.85 on a 2-core AVX2-only EPYC (bf16 emulated); frozen 12.4
 
 
 def flip_sine_past(forward, position: int) -> None:
@@ -154,11 +154,16 @@ def ct2_gap(decoder, request: DecodeRequest, theirs: list[int], steps: torch.Ten
 
 @pytest.mark.real
 @pytest.mark.parametrize(
-    ("dtype", "encoder", "bound"),
-    [(torch.float32, "fp32", WHISPER_FP32_LOGIT_BOUND), (torch.bfloat16, "bf16", WHISPER_BF16_LOGIT_BOUND)],
+    ("dtype", "encoder", "bound", "control_above"),
+    [
+        (torch.float32, "fp32", WHISPER_FP32_LOGIT_BOUND, 100 * WHISPER_FP32_LOGIT_BOUND),
+        (torch.bfloat16, "bf16", WHISPER_BF16_LOGIT_BOUND, 5 * WHISPER_BF16_LOGIT_BOUND),
+    ],
     ids=["fp32", "bf16"],
 )
-def test_whisper_tokens_and_logits_match_ctranslate2_on_a_25_s_window(whisper_window, dtype, encoder, bound):
+def test_whisper_tokens_and_logits_match_ctranslate2_on_a_25_s_window(
+    whisper_window, dtype, encoder, bound, control_above
+):
     """The engine's greedy tokens equal CTranslate2 float32's (in bf16: up to a position where
     CTranslate2's own top-2 margin is below the bf16 bound), and its logits at every step of
     CTranslate2's tokens stay within `bound`; positions frozen past 40 break the bound."""
@@ -176,7 +181,9 @@ def test_whisper_tokens_and_logits_match_ctranslate2_on_a_25_s_window(whisper_wi
     print(f"{encoder} engine against CTranslate2 float32: max |logit difference| {measured:.2e}")
     assert measured <= bound
     decoder.engine.forward.last_position = 40  # the control: positions past 40 all read the 40th
-    assert ct2_gap(decoder, request, theirs, steps) > 10 * bound
+    control = ct2_gap(decoder, request, theirs, steps)
+    print(f"{encoder} engine, positions frozen past 40: max |logit difference| {control:.2f}")
+    assert control > control_above
 
 
 TINY_FP32_LOGIT_BOUND = 1e-4  # measured: 2e-6 at most on a 2-core EPYC
