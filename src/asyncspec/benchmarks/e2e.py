@@ -71,7 +71,7 @@ def add_arguments(parser) -> None:
         "--dtype",
         default="auto",
         choices=["bf16", "fp32", "int8", "auto"],
-        help="asyncspec target dtype (auto, as transcribe: int8 or bf16, the faster here, measured)",
+        help="asyncspec target dtype (auto, as transcribe: int8, bf16 or fp32, the fastest here, measured)",
     )
     parser.add_argument(
         "--encoder", default="auto", choices=["auto", "fp32", "bf16", "int8"], help="asyncspec encoder (auto: measured)"

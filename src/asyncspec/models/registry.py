@@ -13,7 +13,7 @@ from asyncspec.models.offline import REGISTRY, is_prepared, prepare
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp16": torch.float16}
 INT8 = "int8"  # int8 weights and per-row int8 activations over an fp32 model (models/int8_linear.py)
-AUTO = "auto"  # int8 or bf16, the faster on this machine (models/precision_choice.py)
+AUTO = "auto"  # int8, bf16 or fp32, the fastest on this machine (models/precision_choice.py)
 PRECISIONS = (*DTYPES, INT8, AUTO)
 
 

@@ -41,7 +41,7 @@ def add_decoding_options(parser: argparse.ArgumentParser, default_model: str | N
         default="bf16",
         choices=["bf16", "fp32", "fp16", "int8", "auto"],
         help="the target's precision: int8 weights with per-row int8 activations (exact at every width "
-        "on every x86 CPU), a float dtype, or auto (int8 or bf16, the faster here, measured once)",
+        "on every x86 CPU), a float dtype, or auto (int8, bf16 or fp32, the fastest here, measured once)",
     )
     parser.add_argument(
         "--encoder",

@@ -68,8 +68,8 @@ class Transcriber:
     """Whisper long-form transcription on the fixed-shape target engine.
 
     method: "as2d" (default), "target", "sd" or "specasr", or several (the first is the default of
-    `transcribe`; target-only is always available). dtype: the target decoder's ("auto": int8 or
-    bf16, the faster on this machine; "int8", "bf16" or "fp32"); encoder: "auto" (placed by
+    `transcribe`; target-only is always available). dtype: the target decoder's ("auto": int8,
+    bf16 or fp32, the fastest on this machine; "int8", "bf16" or "fp32"); encoder: "auto" (placed by
     measurement on this machine), "fp32", "bf16" or "int8". As²d's
     producer: `producer_model` over `chunk_s` chunks, `budget` candidates per verification;
     sd/specasr's prefix-conditioned `drafter`. The decoder runs on `threads` threads while the
