@@ -19,11 +19,11 @@ def test_placement_is_measured_cached_and_applied(tmp_path, monkeypatch):
     monkeypatch.setenv("ASYNCSPEC_CACHE", str(tmp_path))
     target = tiny_whisper(torch.float32, seed=2)
     first = place_encoder(target)
+    # auto measures the float candidates only: int8 is used (and timed) only when asked for
     assert not first.cached and set(first.measured_ms) == {
-        f"{d}x{t}" for d in ("fp32", "bf16", "int8") for t in thread_candidates()
+        f"{d}x{t}" for d in ("fp32", "bf16") for t in thread_candidates()
     }
-    floats = {k: v for k, v in first.measured_ms.items() if not k.startswith("int8")}
-    assert (first.dtype, first.threads) == fastest(floats)  # int8 is used only when asked for
+    assert (first.dtype, first.threads) == fastest(first.measured_ms)
     again = place_encoder(target)
     assert again.cached and again.measured_ms == first.measured_ms and again.dtype == first.dtype
     pinned = place_encoder(target, "fp32")
@@ -38,7 +38,7 @@ def test_placement_is_measured_cached_and_applied(tmp_path, monkeypatch):
     assert np.isfinite(encoded.float().numpy()).all()
 
 
-def test_a_stale_placement_entry_is_replaced_not_measured_every_time(tmp_path, monkeypatch):
+def test_an_entry_gains_candidates_and_a_damaged_one_is_replaced(tmp_path, monkeypatch):
     import json
 
     from asyncspec.models.encoder_placement import _cache_file
@@ -47,10 +47,16 @@ def test_a_stale_placement_entry_is_replaced_not_measured_every_time(tmp_path, m
     target = tiny_whisper(torch.float32, seed=3)
     path = _cache_file(target)
     path.parent.mkdir(parents=True)
-    stale = {"measured_ms": {"fp32x1": 1.0, "bf16x1": 2.0}, "thread_invariant": {"fp32": True, "bf16": True}}
-    path.write_text(json.dumps(stale))  # written before int8 was a candidate
-    assert not place_encoder(target).cached
-    assert place_encoder(target).cached  # the new measurement replaced it
+    floats = {"measured_ms": {"fp32x1": 1.0, "bf16x1": 2.0}, "thread_invariant": {"fp32": True, "bf16": True}}
+    path.write_text(json.dumps(floats))  # what auto measures
+    assert place_encoder(target).cached and place_encoder(target).dtype == "fp32"  # read, not measured
+    pinned = place_encoder(target, "int8")  # int8 measured once, added to the entry
+    assert not pinned.cached and pinned.dtype == "int8" and all(k.startswith("int8x") for k in pinned.measured_ms)
+    entry = json.loads(path.read_text())
+    assert entry["measured_ms"]["fp32x1"] == 1.0 and set(entry["thread_invariant"]) == {"fp32", "bf16", "int8"}
+    assert place_encoder(target, "int8").cached and place_encoder(target).dtype == "fp32"  # auto unchanged
+    path.write_text("{damaged")
+    assert not place_encoder(target).cached and place_encoder(target).cached  # measured again, then read
 
 
 def test_the_encoder_takes_fewer_threads_only_where_its_output_is_thread_invariant():
