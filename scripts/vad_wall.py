@@ -78,7 +78,7 @@ def _faster_whisper_file(model, path: str, vad: bool) -> dict:
         "wall_s": round(wall, 3),
         "text": text,
         "audio_s": round(info.duration, 2),
-        "transcribed_s": round(info.duration_after_vad, 2),
+        "transcribed_s": round(info.duration_after_vad or info.duration, 2),
     }
 
 
