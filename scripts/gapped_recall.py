@@ -17,12 +17,8 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
-import soundfile
+from asyncspec.data.longform_set import build_longform_set, with_gaps
 
-from asyncspec.data.longform_set import NOISE_FLOOR, build_longform_set
-
-SAMPLE_RATE = 16_000
 GAPS_S = (6, 10, 14)
 SEEDS = (1, 2)
 SYSTEMS = ("asyncspec-int8", "asyncspec-fp32", "faster-whisper-int8")
@@ -32,19 +28,12 @@ def build_variants(directory: Path) -> tuple[list[Path], str]:
     """The gapped recordings and their reference (the same for every variant)."""
     longform = directory / "longform"
     build_longform_set(longform)
-    audio, _ = soundfile.read(longform / "readers.wav", dtype="float32")
-    manifest = json.loads((longform / "readers.json").read_text())
-    spans = [(round(p["start_s"] * SAMPLE_RATE), round(p["end_s"] * SAMPLE_RATE)) for p in manifest["pieces"]]
     paths = []
     for gap_s in GAPS_S:
         for seed in SEEDS:
-            gap = np.zeros(gap_s * SAMPLE_RATE, dtype=np.float32)
-            joined = np.concatenate([gap] + [piece for start, end in spans for piece in (audio[start:end], gap)])
-            tone = np.random.default_rng(seed).normal(0, NOISE_FLOOR, joined.size).astype(np.float32)
-            path = directory / f"gap{gap_s}_seed{seed}.wav"
-            soundfile.write(path, joined + tone * (joined == 0), SAMPLE_RATE, subtype="PCM_16")
+            path, reference = with_gaps(longform / "readers.wav", gap_s, seed, directory / f"gap{gap_s}_seed{seed}.wav")
             paths.append(path)
-    return paths, "\n".join(piece["text"] for piece in manifest["pieces"])
+    return paths, reference
 
 
 def transcribe_all(system: str, paths: list[str], vad: bool) -> list[str]:

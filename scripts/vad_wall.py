@@ -19,33 +19,15 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
-import soundfile
+from asyncspec.data.longform_set import build_longform_set, with_gaps
 
-from asyncspec.data.longform_set import NOISE_FLOOR, build_longform_set
-
-SAMPLE_RATE = 16_000
 SYSTEMS = ("asyncspec-as2d", "asyncspec-target", "faster-whisper-int8")
 
 
 def gapped(directory: Path, gap_s: float, seed: int = 1) -> list[tuple[Path, str]]:
     """Each long-form recording's pieces with `gap_s` of room tone around them, and its reference."""
-    longform = directory / "longform"
-    recordings = build_longform_set(longform)
-    out = []
-    for recording in recordings:
-        audio, _ = soundfile.read(recording, dtype="float32")
-        manifest = json.loads(recording.with_suffix(".json").read_text())
-        gap = np.zeros(round(gap_s * SAMPLE_RATE), dtype=np.float32)
-        pieces = [
-            audio[round(p["start_s"] * SAMPLE_RATE) : round(p["end_s"] * SAMPLE_RATE)] for p in manifest["pieces"]
-        ]
-        joined = np.concatenate([gap] + [part for piece in pieces for part in (piece, gap)])
-        tone = np.random.default_rng(seed).normal(0, NOISE_FLOOR, joined.size).astype(np.float32)
-        path = directory / f"{recording.stem}_gap{gap_s:g}.wav"
-        soundfile.write(path, joined + tone * (joined == 0), SAMPLE_RATE, subtype="PCM_16")
-        out.append((path, "\n".join(p["text"] for p in manifest["pieces"])))
-    return out
+    recordings = build_longform_set(directory / "longform")
+    return [with_gaps(r, gap_s, seed, directory / f"{r.stem}_gap{gap_s:g}.wav") for r in recordings]
 
 
 def _asyncspec_file(transcriber, path: str, method: str, vad: bool) -> dict:

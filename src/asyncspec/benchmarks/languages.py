@@ -35,6 +35,14 @@ def bleu(references: Sequence[str], hypotheses: Sequence[str]) -> float:
     return float(sacrebleu.corpus_bleu(list(hypotheses), [list(references)]).score)
 
 
+def _translation(pairs: Sequence[tuple[str, str]]) -> dict:
+    """WER and BLEU of (English original, translation) pairs."""
+    return {
+        "translation_wer": round(_wer(pairs, "en"), 4),
+        "translation_bleu": round(bleu([e for e, _ in pairs], [t for _, t in pairs]), 2),
+    }
+
+
 def _language_row(clips: Sequence[Clip], outputs: Sequence[ClipOutput]) -> dict:
     language = clips[0].language
     row = {
@@ -46,9 +54,7 @@ def _language_row(clips: Sequence[Clip], outputs: Sequence[ClipOutput]) -> dict:
         ),
     }
     if language != "en":
-        english = [(c.english, o.translation) for c, o in zip(clips, outputs, strict=True)]
-        row["translation_wer"] = round(_wer(english, "en"), 4)
-        row["translation_bleu"] = round(bleu([e for e, _ in english], [t for _, t in english]), 2)
+        row |= _translation([(c.english, o.translation) for c, o in zip(clips, outputs, strict=True)])
     return row
 
 
@@ -63,12 +69,9 @@ def score(clips: Sequence[Clip], outputs: Sequence[ClipOutput]) -> dict:
         for language, indices in by_language.items()
     }
     foreign = [i for i, clip in enumerate(clips) if clip.language != "en"]
-    english = [(clips[i].english, outputs[i].translation) for i in foreign]
     return {
         "languages": languages,
         "identification_accuracy": round(
             sum(o.detected == c.language for c, o in zip(clips, outputs, strict=True)) / len(clips), 4
         ),
-        "translation_wer": round(_wer(english, "en"), 4),
-        "translation_bleu": round(bleu([e for e, _ in english], [t for _, t in english]), 2),
-    }
+    } | _translation([(clips[i].english, outputs[i].translation) for i in foreign])

@@ -53,7 +53,9 @@ def festival_speak(path: Path, text: str, select: str, encoding: str = "utf-8", 
     """Festival's `text2wave` of `text` in the voice `select` chooses, unless already at `path`;
     `encoding`: the text encoding the voice reads (the Italian and Finnish diphone voices: Latin-1)."""
     if shutil.which("text2wave") is None:
-        raise InputError(f"Festival is not installed (apt-get install {packages or FESTIVAL_PACKAGES})")
+        raise InputError(
+            f"Festival is not installed (apt-get install {f'festival {packages}' if packages else FESTIVAL_PACKAGES})"
+        )
     if not path.exists():
         command = ["text2wave", "-eval", select, "-o", str(path)]
         done = subprocess.run(command, input=text.encode(encoding), capture_output=True)

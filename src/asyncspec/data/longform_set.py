@@ -192,3 +192,16 @@ def _write_atomically(path: Path, write) -> None:
     partial = path.with_name(f".{path.name}.partial{path.suffix}")
     write(partial)
     partial.replace(path)
+
+
+def with_gaps(recording: Path, gap_s: float, seed: int, out: Path) -> tuple[Path, str]:
+    """A long-form recording's pieces with `gap_s` of room tone before, between and after them,
+    written to `out`, and its reference (the pieces' texts): the set with long silences."""
+    audio, rate = soundfile.read(recording, dtype="float32")
+    manifest = json.loads(recording.with_suffix(".json").read_text())
+    gap = np.zeros(round(gap_s * rate), dtype=np.float32)
+    pieces = [audio[round(p["start_s"] * rate) : round(p["end_s"] * rate)] for p in manifest["pieces"]]
+    joined = np.concatenate([gap] + [part for piece in pieces for part in (piece, gap)])
+    tone = np.random.default_rng(seed).normal(0, NOISE_FLOOR, joined.size).astype(np.float32)
+    soundfile.write(out, joined + tone * (joined == 0), rate, subtype="PCM_16")
+    return out, "\n".join(piece["text"] for piece in manifest["pieces"])

@@ -121,7 +121,7 @@ def fastest(timings: dict[str, float]) -> tuple[str, int]:
 
 def place_encoder(backend, choice: str = "auto") -> EncoderPlacement:
     """`choice` "fp32"/"bf16"/"int8" pins the dtype (the thread count is measured); "auto"
-    measures every candidate (or reads this machine's cached verdict) and keeps the fastest float one."""
+    measures the float candidates (or reads this machine's cached verdict) and keeps the fastest."""
     if choice not in ("auto", *ENCODER_DTYPES):
         raise ValueError(f"unknown encoder choice {choice!r}; use auto, {', '.join(ENCODER_DTYPES)}")
     # auto picks among the float encoders only, and measures only them: int8 is used only when
