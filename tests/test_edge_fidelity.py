@@ -152,8 +152,8 @@ def q_reported_at_temperature_one(monkeypatch) -> None:
     drafter's law untempered: a temperature dropped between drafting and the uplink."""
     real_propose = PrefixDrafter.propose
 
-    def propose(self, prefix, max_tokens, min_confidence=None, temperature=0.0, generator=None, keep_q=False):
-        proposal = real_propose(self, prefix, max_tokens, min_confidence, temperature, generator, keep_q)
+    def propose(self, prefix, max_tokens, min_confidence=None, temperature=0.0, generator=None, keep_q=False, **rest):
+        proposal = real_propose(self, prefix, max_tokens, min_confidence, temperature, generator, keep_q, **rest)
         if proposal.q is not None and temperature > 0:
             untempered = proposal.q.double().pow(temperature)
             proposal.q = (untempered / untempered.sum(-1, keepdim=True)).to(proposal.q.dtype)

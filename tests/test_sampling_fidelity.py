@@ -144,8 +144,8 @@ def bonus_from_the_first_row(real_probabilities):
     """A deliberate off-by-one: every row after the first is replaced by the first, so the bonus
     after full acceptance is drawn from the law of the position before it."""
 
-    def wrong(logits, temperature):
-        p = real_probabilities(logits, temperature)
+    def wrong(logits, temperature, *shaping):
+        p = real_probabilities(logits, temperature, *shaping)
         return p[:1].expand_as(p).clone()
 
     return wrong
@@ -260,7 +260,8 @@ def test_cloud_correction_from_p_instead_of_the_residual_fails():
 
 
 def test_cloud_bonus_from_the_wrong_row_fails(monkeypatch):
-    monkeypatch.setattr(verdicts_module, "probabilities", bonus_from_the_first_row(verdicts_module.probabilities))
+    wrong = bonus_from_the_first_row(verdicts_module.shaped_probabilities)
+    monkeypatch.setattr(verdicts_module, "shaped_probabilities", wrong)
     assert_control_fails("cloud, bonus from the wrong row", lambda draw: EdgeOfOneRequest(draw).continuation())
 
 

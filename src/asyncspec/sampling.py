@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 
 from asyncspec.models.base import Decoder
+from asyncspec.shaping import nucleus
 
 POSITION_STRIDE = 1_000_003  # seeds of distinct positions never collide for positions below it
 
@@ -22,10 +23,11 @@ def next_token(
     logits: torch.Tensor,  # float32 [V]
     temperature: float,
     generator: torch.Generator | None,
+    top_p: float = 1.0,
 ) -> int:
     if temperature <= 0:
         return decoder.greedy(logits)[0]
-    probs = torch.softmax(logits / temperature, dim=-1)
+    probs = nucleus(torch.softmax(logits / temperature, dim=-1), top_p)
     return int(torch.multinomial(probs, 1, generator=generator).item())
 
 

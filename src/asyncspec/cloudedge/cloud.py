@@ -250,9 +250,7 @@ class CloudVerifier:
         state = self.target.empty_state()
         if tokens:  # the same blocks as target-only decoding of this prompt (+ output so far)
             self.target.prefill_tokens(state, tokens, message.prompt_len)
-        self.requests[request_id] = CloudRequest(
-            message.prompt_len, message.sampling, message.first_k, message.epoch, state, message.first_proposals
-        )
+        self.requests[request_id] = CloudRequest.opened(message, state)
 
     def _prefill_guarded(self, request_id: int, identity: bytes, message: wire.Message) -> bool:
         """Prefill a pending request; a failure fails that request only (False)."""

@@ -93,9 +93,16 @@ class CloudRequest:
     epoch: int
     state: DecoderState
     first_proposals: int = 0  # exact-recovery proposals a rejecting verdict carries (Open.first_proposals)
+    logprobs: int = -1  # alternatives per position the verdicts carry with log-probabilities (-1: none)
     expected_root: int | None = None  # the cloud's own last token (greedy, bonus); None after an edge correction
     pending: PendingCorrection | None = None
     touched: float = field(default_factory=time.monotonic)
+
+    @classmethod
+    def opened(cls, message: wire.Open, state: DecoderState) -> CloudRequest:
+        """The request an Open starts, over its prefilled state."""
+        fields = (message.prompt_len, message.sampling, message.first_k, message.epoch, state)
+        return cls(*fields, first_proposals=message.first_proposals, logprobs=message.logprobs)
 
 
 @dataclass

@@ -75,6 +75,7 @@ class Decided:
     mode: str
     k: int = 0  # support size used by a top-K draw
     eps: float = 0.0  # charged certificate
+    p: float | None = None  # the target's p(token), from what the cloud sent (logprobs.py)
 
 
 @dataclass(frozen=True)
@@ -159,7 +160,7 @@ class CorrectionSession:
             self.round += 1
             token = exact_recovery(proposals[0], proposals[1], self.q[proposals[0]], proposals[2].double())
             if token is not None:
-                return Decided(token, "exact")
+                return Decided(token, "exact", p=_p_of(token, proposals[0], proposals[1]))
         if self.policy.full_only:
             return Ask("full")
         if not ids:
@@ -175,7 +176,7 @@ class CorrectionSession:
             self.budget.charge(eps)
             excess = torch.clamp(self.p.double() - support_q.double(), min=0.0)
             index = int(torch.multinomial(excess / excess.sum(), 1, generator=self.generator))
-            return Decided(self.ids[index], "topk", len(self.ids), eps)
+            return Decided(self.ids[index], "topk", len(self.ids), eps, float(self.p[index]))
         return self._after_support(tail)
 
     def _after_support(self, tail: float) -> Ask:
@@ -195,9 +196,13 @@ class CorrectionSession:
         uniforms = torch.rand(len(ids), generator=self.generator, dtype=torch.float64)
         token = exact_recovery(ids, p, self.q[ids], uniforms)
         if token is not None:
-            return Decided(token, "exact")
+            return Decided(token, "exact", p=_p_of(token, ids, p))
         return self._exact_or_full()
 
     def add_full(self, p: torch.Tensor) -> Decided:
         token = int(torch.multinomial(residual(p.double(), self.q.double()), 1, generator=self.generator))
-        return Decided(token, "full")
+        return Decided(token, "full", p=float(p[token]))
+
+
+def _p_of(token: int, ids: list[int], p: torch.Tensor) -> float:
+    return float(p[ids.index(token)])

@@ -42,6 +42,7 @@ def draft_block(
             max(room, 0) + (1 if ahead else 0),
             min_confidence=policy.draft_min_confidence,
             temperature=request.sampling.temperature,
+            shaping=request.sampling.shaping,
             generator=request.generator,
             keep_q=policy.uplink == "full",
         )

@@ -20,8 +20,8 @@ from collections.abc import Callable
 
 import zmq
 
+from asyncspec.cloudedge import logprobs, validation
 from asyncspec.cloudedge import protocol as wire
-from asyncspec.cloudedge import validation
 from asyncspec.cloudedge.auth import CurveKeys, connection_id
 from asyncspec.cloudedge.correction import Ask, Decided
 from asyncspec.cloudedge.drafting import draft_block
@@ -31,13 +31,15 @@ from asyncspec.cloudedge.limits import DEFAULT_MAX_MESSAGE_BYTES
 from asyncspec.cloudedge.liveness import Liveness
 from asyncspec.cloudedge.policy import EdgePolicy
 from asyncspec.cloudedge.requests import (
+    NO_OPTIONS,
     CloudInfo,
     DoneEvent,
     EdgeRequest,
     Emit,
     ErrorEvent,
     OpenBlock,
-    TokenEvent,
+    checked_verdict,
+    commit,
     new_request,
 )
 from asyncspec.cloudedge.runahead import invalidate_ahead, presumption_held
@@ -89,8 +91,11 @@ class EdgeGateway:
 
     # ------------------------------------------------------------ submission (any thread)
 
-    def submit(self, prompt_ids, max_new_tokens: int, sampling: wire.Sampling, eps_req: float, emit: Emit) -> int:
-        request = new_request(prompt_ids, max_new_tokens, sampling, eps_req, emit)  # validates (ValueError)
+    def submit(
+        self, prompt_ids, max_new_tokens: int, sampling: wire.Sampling, eps_req: float, emit: Emit, output=NO_OPTIONS
+    ) -> int:
+        decode = self.drafter.tokenizer.decode
+        request = new_request(prompt_ids, max_new_tokens, sampling, eps_req, emit, output, decode)  # ValueError
         self.inbox.put(request)
         return request.id
 
@@ -310,10 +315,12 @@ class EdgeGateway:
             if block is not None:  # a duplicate verdict of the open block
                 self._stale_reply(request)
             return
-        rejected = verdict.token < 0
-        if not 0 <= verdict.accepted <= len(block.candidates) - rejected:
-            self.fail(request, "the cloud sent an impossible verdict")
+        try:
+            block.logprobs = checked_verdict(verdict, block, request.logprobs)
+        except ValueError as error:
+            self.fail(request, f"the cloud sent an impossible verdict ({error})")
             return
+        rejected = verdict.token < 0
         block.accepted = verdict.accepted
         block.sent_at = time.monotonic()
         if not rejected:
@@ -337,7 +344,7 @@ class EdgeGateway:
     def _advance(self, request: EdgeRequest, block: OpenBlock, step: Decided | Ask) -> None:
         if isinstance(step, Decided):
             request.stats.corrections.observe(step, rounds=block.queries)
-            self._settle(request, block, step.token)
+            self._settle(request, block, step.token, step.p)
             return
         block.asked = step
         block.sent_at = time.monotonic()
@@ -347,7 +354,7 @@ class EdgeGateway:
 
     # ------------------------------------------------------------ commit
 
-    def _settle(self, request: EdgeRequest, block: OpenBlock, token: int) -> None:
+    def _settle(self, request: EdgeRequest, block: OpenBlock, token: int, settled_p: float | None = None) -> None:
         stats = request.stats
         stats.blocks += 1
         stats.drafted += len(block.candidates)
@@ -357,18 +364,11 @@ class EdgeGateway:
         held = presumption_held(request, block, token)
         if not held:
             invalidate_ahead(request)
-        for committed in [*block.candidates[: block.accepted], token]:
-            if committed in self.drafter.eos_ids:
-                self._finish(request, "eos")
-                return
-            request.generated.append(committed)
-            now = time.monotonic()
-            stats.token_times.append(now)
-            stats.first_token = stats.first_token or now
-            request.emit(TokenEvent(committed))
-            if len(request.generated) >= request.limit:
-                self._finish(request, "length")
-                return
+        entries = logprobs.of_tokens(*block.logprobs, settled_p) if block.logprobs is not None else None
+        finish = commit(request, [*block.candidates[: block.accepted], token], self.drafter.eos_ids, entries)
+        if finish is not None:
+            self._finish(request, finish)
+            return
         if held:
             request.open = request.ahead.pop(0)  # already sent; its verdict follows
             request.stats.promoted_blocks += 1

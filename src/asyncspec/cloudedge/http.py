@@ -16,8 +16,11 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from asyncspec.cloudedge.client import IncrementalText
+from asyncspec.cloudedge.http_logprobs import rendered_logprobs
 from asyncspec.cloudedge.http_options import BadRequest, CompletionOptions, parse_messages, parse_options, parse_prompt
+from asyncspec.cloudedge.logprobs import NOT_ASKED
 from asyncspec.cloudedge.requests import DoneEvent, EdgeEvent, ErrorEvent, TokenEvent
+from asyncspec.cloudedge.stop_strings import StopStrings, StreamedCut
 from asyncspec.httpguard import Guard, GuardConfig, install_error_handlers
 
 DISCONNECT_CHECK_S = 1.0  # how often a waiting request looks whether its client is still there
@@ -122,6 +125,7 @@ async def gateway_events(
         options.sampling,
         options.eps_req,
         lambda event: loop.call_soon_threadsafe(queue.put_nowait, event),
+        options.output,
     )
     finished, checked = False, time.monotonic()
     try:
@@ -157,21 +161,27 @@ async def complete(gateway, tokenizer, model_name: str, client: Request, body: d
     stream = gateway_events(gateway, ids, options, client)
     meta = {"id": f"{kind}-{uuid.uuid4().hex[:16]}", "created": int(time.time()), "model": model_name}
     if options.stream:
-        return StreamingResponse(_sse(stream, tokenizer, meta, kind), media_type="text/event-stream")
-    text, final = IncrementalText(tokenizer), None
+        sse = _sse(stream, tokenizer, meta, kind, options.output.stops)
+        return StreamingResponse(sse, media_type="text/event-stream")
+    text, final, entries = IncrementalText(tokenizer), None, []
     async for event in stream:
         if isinstance(event, TokenEvent):
             text.add(event.token)
+            entries.append(event.logprob)
         final = event
     if isinstance(final, DoneEvent):
-        return _response(kind, meta, text.text(), final, len(ids))
+        response = _response(kind, meta, options.output.stops.cut(text.text())[0], final, len(ids))
+        if options.output.logprobs != NOT_ASKED:
+            response["choices"][0]["logprobs"] = rendered_logprobs(kind, final.tokens, entries, tokenizer.decode)
+        return response
     if isinstance(final, ErrorEvent):
         return _failed(final)
     return _error(499, "the client disconnected")  # the stream stopped before its end
 
 
 def _finish_reason(event: DoneEvent) -> str:
-    return "stop" if event.finish_reason == "eos" else "length"
+    """OpenAI's: "stop" at the end of sequence or a stop string, "length" at max_tokens."""
+    return "stop" if event.finish_reason in ("eos", "stop") else "length"
 
 
 def _response(kind: str, meta: dict, text: str, final: DoneEvent, prompt_tokens: int) -> dict:
@@ -192,8 +202,10 @@ def _response(kind: str, meta: dict, text: str, final: DoneEvent, prompt_tokens:
     return {**meta, "object": obj, "choices": [choice], "usage": usage, "asyncspec": extension}
 
 
-async def _sse(stream: AsyncIterator[EdgeEvent], tokenizer, meta: dict, kind: str) -> AsyncIterator[str]:
-    text = IncrementalText(tokenizer)
+async def _sse(
+    stream: AsyncIterator[EdgeEvent], tokenizer, meta: dict, kind: str, stops: StopStrings
+) -> AsyncIterator[str]:
+    text, cut = IncrementalText(tokenizer), StreamedCut(stops)
     obj = "text_completion" if kind == "cmpl" else "chat.completion.chunk"
 
     def chunk(piece: str | None, finish: str | None, first: bool = False) -> str:
@@ -208,10 +220,13 @@ async def _sse(stream: AsyncIterator[EdgeEvent], tokenizer, meta: dict, kind: st
         yield chunk(None, None, first=True)
     async for event in stream:
         if isinstance(event, TokenEvent):
-            piece = text.add(event.token)
+            piece = cut.add(text.add(event.token))
             if piece:
                 yield chunk(piece, None)
         elif isinstance(event, DoneEvent):
+            rest = cut.finish()
+            if rest:
+                yield chunk(rest, None)
             yield chunk(None, _finish_reason(event))
         else:
             yield f"data: {json.dumps({'error': {'message': event.message}})}\n\n"

@@ -1,8 +1,12 @@
 """The fields of an OpenAI completion request the edge accepts, each checked once, here.
 
-Every field the edge does not implement (`n` > 1, `best_of`, `logprobs`, `stop`, `top_p`,
-penalties, `logit_bias`, `echo`, `suffix`) is refused with a 400 when set to anything but its
-neutral value, never silently ignored: a client that asks for stop sequences must learn it gets none.
+Implemented: `max_tokens`, `temperature`, `seed`, `stream`, `stop` (stop_strings.py), `top_p`,
+`presence_penalty` and `frequency_penalty` (shaping.py: the drafter's and the target's laws alike),
+`logprobs` (an integer of alternatives for /v1/completions; true with `top_logprobs` for chat; up
+to 5; logprobs.py), `user` (accepted and not used, as OpenAI defines it: an end-user id for abuse
+monitoring). Every field the edge does not implement (`n` > 1, `best_of`, `logit_bias`, `echo`,
+`suffix`, `tools`, and `logprobs` with `stream`) is refused with a 400 when set to anything but its
+neutral value, never silently ignored: a client that asks for a logit bias must learn it gets none.
 """
 
 from __future__ import annotations
@@ -11,7 +15,11 @@ import math
 from dataclasses import dataclass
 
 from asyncspec.cloudedge import protocol as wire
-from asyncspec.cloudedge.validation import sampling_problem
+from asyncspec.cloudedge.logprobs import NOT_ASKED
+from asyncspec.cloudedge.requests import NO_OPTIONS, OutputOptions
+from asyncspec.cloudedge.stop_strings import StopStrings, parse_stop, stop_problem
+from asyncspec.cloudedge.validation import MAX_TOP_LOGPROBS, sampling_problem
+from asyncspec.shaping import shaping_problem
 
 DEFAULT_MAX_TOKENS = 16
 MAX_TOKENS_CAP = 4096  # beyond any served model's positions
@@ -21,12 +29,6 @@ MAX_PROMPT_CHARS = 200_000  # tokenizing more would hold a worker thread for lon
 UNSUPPORTED: dict[str, tuple] = {
     "n": (1,),
     "best_of": (1,),
-    "logprobs": (False, 0),
-    "top_logprobs": (0,),
-    "stop": ([], ""),
-    "top_p": (1, 1.0),
-    "presence_penalty": (0, 0.0),
-    "frequency_penalty": (0, 0.0),
     "logit_bias": ({},),
     "echo": (False,),
     "suffix": ("",),
@@ -48,11 +50,32 @@ class CompletionOptions:
     sampling: wire.Sampling
     eps_req: float
     stream: bool
+    output: OutputOptions = NO_OPTIONS
 
 
 def parse_options(body: dict) -> CompletionOptions:
     _refuse_unsupported(body)
-    return CompletionOptions(_max_tokens(body), _sampling(body), _eps_req(body), _stream(body))
+    _check_user(body)
+    stream = _stream(body)
+    output = OutputOptions(_stops(body), _logprobs(body))
+    if stream and output.logprobs != NOT_ASKED:
+        raise BadRequest("logprobs with stream=true is not supported by this server", "logprobs")
+    return CompletionOptions(_max_tokens(body), _sampling(body), _eps_req(body), stream, output)
+
+
+def _logprobs(body: dict) -> int:
+    """Alternatives per token (NOT_ASKED: none asked): /v1/completions' integer `logprobs`, or chat's
+    `logprobs: true` with `top_logprobs`."""
+    asked, top = body.get("logprobs"), body.get("top_logprobs")
+    if asked is None or asked is False:
+        if top not in (None, 0):
+            raise BadRequest("top_logprobs needs logprobs=true", "top_logprobs")
+        return NOT_ASKED
+    count = (0 if top is None else top) if asked is True else asked
+    if not _is_int(count) or not 0 <= count <= MAX_TOP_LOGPROBS:
+        name = "top_logprobs" if asked is True else "logprobs"
+        raise BadRequest(f"{name} must be an integer between 0 and {MAX_TOP_LOGPROBS}", name)
+    return count
 
 
 def parse_prompt(body: dict) -> str:
@@ -114,7 +137,35 @@ def _sampling(body: dict) -> wire.Sampling:
     problem = sampling_problem(temperature, seed)
     if problem:
         raise BadRequest(problem, "temperature" if problem.startswith("temperature") else "seed")
-    return wire.Sampling(wire.f32(float(temperature)), seed)
+    shaping = [_or_default(body, name, default) for name, default in SHAPING_FIELDS]
+    problem = shaping_problem(*shaping)
+    if problem:
+        raise BadRequest(problem, problem.split()[0])
+    return wire.Sampling(wire.f32(float(temperature)), seed, *(wire.f32(float(value)) for value in shaping))
+
+
+SHAPING_FIELDS = (("top_p", 1.0), ("presence_penalty", 0.0), ("frequency_penalty", 0.0))
+
+
+def _or_default(body: dict, name: str, default: float):
+    value = body.get(name)
+    return default if value is None else value
+
+
+def _stops(body: dict) -> StopStrings:
+    problem = stop_problem(body.get("stop"))
+    if problem:
+        raise BadRequest(problem, "stop")
+    return parse_stop(body.get("stop"))
+
+
+MAX_USER_CHARS = 256
+
+
+def _check_user(body: dict) -> None:
+    user = body.get("user")
+    if user is not None and (not isinstance(user, str) or len(user) > MAX_USER_CHARS):
+        raise BadRequest(f"user must be a string of at most {MAX_USER_CHARS} characters", "user")
 
 
 def _eps_req(body: dict) -> float:

@@ -33,23 +33,33 @@ from asyncspec.cloudedge.wire_arrays import (  # noqa: F401  (the protocol's arr
     unpack_ids,
     unpack_probs,
 )
+from asyncspec.shaping import Shaping
 
 # ---------------------------------------------------------------- identity and configuration
 
 
 @dataclass(frozen=True)
 class Sampling:
-    """What decides the target's law: temperature (float32; 0 = greedy) and the request's seed."""
+    """What decides the target's law: temperature (float32; 0 = greedy), the request's seed, and
+    OpenAI's shaping fields (float32; shaping.py): top_p and the presence and frequency penalties."""
 
     temperature: float = 0.0
     seed: int = 0
+    top_p: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
 
     @property
     def greedy(self) -> bool:
         return self.temperature <= 0
 
+    @property
+    def shaping(self) -> Shaping:
+        return Shaping(self.top_p, self.presence_penalty, self.frequency_penalty)
+
     def digest(self) -> int:
-        return zlib.crc32(struct.pack("<fQ", self.temperature, self.seed))  # seeds are unsigned 64-bit
+        shaping = (self.top_p, self.presence_penalty, self.frequency_penalty)
+        return zlib.crc32(struct.pack("<fQfff", self.temperature, self.seed, *shaping))  # seeds are unsigned 64-bit
 
 
 @dataclass(frozen=True)
@@ -86,10 +96,14 @@ class Open(Message):
     # exact-recovery proposals a rejecting verdict carries (0: none; the edge queries for them), and
     # with them the cloud settles a rejection itself wherever it can decide the recovery exactly
     first_proposals: int = 0
+    top_p: float = 1.0  # shaping of the target's law (shaping.py), float32
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logprobs: int = -1  # verdicts carry log-probabilities with this many alternatives (-1: none)
 
     @property
     def sampling(self) -> Sampling:
-        return Sampling(self.temperature, self.seed)
+        return Sampling(self.temperature, self.seed, self.top_p, self.presence_penalty, self.frequency_penalty)
 
 
 @dataclass(frozen=True)
@@ -123,6 +137,11 @@ class Verdict(Message):
     proposal_ids: bytes = b""  # varint ids [N] exact-recovery proposals v ~ p (round 0), token == -1 only
     proposal_p: bytes = b""  # float32 [N] p(v)
     proposal_u: bytes = b""  # float32 [N] the uniforms the cloud decided with: the edge must use them
+    # only when the Open asked (logprobs.py): float32 log-probabilities of the decided tokens, and
+    # each row's alternatives up to the first not accepted (varint ids, float32 values)
+    logprobs: bytes = b""
+    top_ids: bytes = b""
+    top_logprobs: bytes = b""
 
 
 @dataclass(frozen=True)

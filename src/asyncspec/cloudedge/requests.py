@@ -11,11 +11,14 @@ from dataclasses import dataclass, field
 
 import torch
 
+from asyncspec.cloudedge import logprobs, validation
 from asyncspec.cloudedge import protocol as wire
-from asyncspec.cloudedge import validation
 from asyncspec.cloudedge.correction import Ask, CorrectionCounts, CorrectionSession, FidelityBudget
+from asyncspec.cloudedge.logprobs import NOT_ASKED, TokenLogprob
+from asyncspec.cloudedge.stop_strings import NO_STOP, StopStrings, StopWatch
 from asyncspec.decoding.drafter import PrefixDrafter
 from asyncspec.sampling import make_generator
+from asyncspec.shaping import shaping_problem
 
 
 @dataclass(frozen=True)
@@ -23,12 +26,21 @@ class TokenEvent:
     """A token committed for the request (the target's own, or a verified candidate)."""
 
     token: int
+    logprob: TokenLogprob | None = None  # when the request asked for log-probabilities
+
+
+@dataclass(frozen=True)
+class OutputOptions:
+    """What a client asks of the output beside its law: stop strings, log-probabilities."""
+
+    stops: StopStrings = NO_STOP
+    logprobs: int = NOT_ASKED  # alternatives per token (0..5), or not asked
 
 
 @dataclass(frozen=True)
 class DoneEvent:
     tokens: tuple[int, ...]
-    finish_reason: str  # "eos" or "length"
+    finish_reason: str  # "eos", "length" or "stop" (a stop string: the last token completes it)
     stats: dict  # RequestStats.as_dict()
 
 
@@ -40,6 +52,7 @@ class ErrorEvent:
 
 
 EdgeEvent = TokenEvent | DoneEvent | ErrorEvent
+NO_OPTIONS = OutputOptions()
 Emit = Callable[[EdgeEvent], None]
 
 
@@ -150,6 +163,7 @@ class OpenBlock:
     accepted: int | None = None  # from the verdict
     session: CorrectionSession | None = None
     asked: Ask | None = None  # the correction query in flight
+    logprobs: tuple[list[float], list] | None = None  # from the verdict, when asked (logprobs.unpack)
     queries: int = 0  # correction round trips this block's rejection has taken so far
     draft_s: float = 0.0
     size: int = 0  # uplink bytes of its Block message
@@ -177,6 +191,8 @@ class EdgeRequest:
     limit: int = 0
     stats: RequestStats = field(default_factory=RequestStats)
     acceptance: RunningAcceptance = field(default_factory=RunningAcceptance)
+    stop_watch: StopWatch | None = None  # the request's stop strings, searched in its committed text
+    logprobs: int = NOT_ASKED  # alternatives per token the verdicts carry (logprobs.py)
 
     def presumed(self) -> list[int]:
         """Generated tokens as runahead presumes them: every open block fully accepted, each bonus guessed."""
@@ -203,20 +219,36 @@ class EdgeRequest:
             first_k,
             self.epoch,
             first_proposals,
+            self.sampling.top_p,
+            self.sampling.presence_penalty,
+            self.sampling.frequency_penalty,
+            self.logprobs,
         )
 
 
-def new_request(prompt_ids, max_new_tokens: int, sampling: wire.Sampling, eps_req: float, emit: Emit) -> EdgeRequest:
+def new_request(
+    prompt_ids,
+    max_new_tokens: int,
+    sampling: wire.Sampling,
+    eps_req: float,
+    emit: Emit,
+    output: OutputOptions = NO_OPTIONS,
+    decode=None,  # token ids -> text: how the stop strings are searched
+) -> EdgeRequest:
     """A submission, validated (ValueError says what is wrong), under an unpredictable id: another
     peer cannot guess it and touch the request."""
     if not prompt_ids:
         raise ValueError("the prompt is empty")
     if not 0 <= eps_req <= 1 or max_new_tokens < 1:
         raise ValueError("eps_req must be within [0, 1] and max_new_tokens >= 1")
-    problem = validation.sampling_problem(sampling.temperature, sampling.seed)
+    problem = validation.sampling_problem(sampling.temperature, sampling.seed) or shaping_problem(
+        sampling.top_p, sampling.presence_penalty, sampling.frequency_penalty
+    )
     if problem:
         raise ValueError(problem)
-    return EdgeRequest(
+    if output.logprobs != NOT_ASKED and not 0 <= output.logprobs <= validation.MAX_TOP_LOGPROBS:
+        raise ValueError(f"logprobs must be within [0, {validation.MAX_TOP_LOGPROBS}]")
+    request = EdgeRequest(
         secrets.randbits(64),
         tuple(int(t) for t in prompt_ids),
         sampling,
@@ -224,4 +256,35 @@ def new_request(prompt_ids, max_new_tokens: int, sampling: wire.Sampling, eps_re
         FidelityBudget(eps_req),
         emit,
         make_generator((sampling.seed + 0x5EED) % 2**64),  # the edge's own stream, independent of the cloud's
+        logprobs=output.logprobs,
     )
+    if output.stops.strings:
+        request.stop_watch = StopWatch(output.stops, decode)
+    return request
+
+
+def checked_verdict(verdict: wire.Verdict, block: OpenBlock, top: int) -> tuple[list[float], list] | None:
+    """The verdict's log-probabilities (None when not asked); ValueError when the verdict is impossible."""
+    if not 0 <= verdict.accepted <= len(block.candidates) - (verdict.token < 0):
+        raise ValueError("more accepted candidates than the block has")
+    return logprobs.unpack(verdict, top) if top != NOT_ASKED else None
+
+
+def commit(request: EdgeRequest, tokens: list[int], eos_ids, entries: list[TokenLogprob] | None = None) -> str | None:
+    """Commit verified tokens in order (with their log-probabilities when asked), emitting each; the
+    finish reason as soon as one ends the request (an end of sequence, itself not committed; a stop
+    string; the length limit), else None."""
+    stats = request.stats
+    for index, token in enumerate(tokens):
+        if token in eos_ids:
+            return "eos"
+        request.generated.append(token)
+        now = time.monotonic()
+        stats.token_times.append(now)
+        stats.first_token = stats.first_token or now
+        request.emit(TokenEvent(token, entries[index] if entries else None))
+        if request.stop_watch is not None and request.stop_watch.add(token):
+            return "stop"  # the cloud closes the request at the cut
+        if len(request.generated) >= request.limit:
+            return "length"
+    return None

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from asyncspec.cloudedge import protocol as wire
+from asyncspec.shaping import shaping_problem
 
 # Temperatures below this turn fp32 logits / T into inf (1e-45 did: NaN probabilities in the
 # drafter's multinomial); above MAX the law is uniform to fp32 precision and nobody means it.
@@ -32,6 +33,7 @@ MAX_BLOCK_CANDIDATES = 256  # no edge policy drafts more; the cloud's own cap (m
 MAX_WIRE_TOKENS = 1 << 20  # tokens in one Open: far beyond any model's positions
 MAX_QUERY_INDEX = 1 << 24  # top-K / proposal-round indices: far beyond any vocabulary
 MAX_TEXT_CHARS = 200_000  # a Generate prompt: the edge tokenizes it in its loop thread, so it stays short
+MAX_TOP_LOGPROBS = 5  # alternatives per position with log-probabilities (logprobs.py)
 MAX_PROPOSALS = 4096  # exact-recovery proposals in one Verdict or Correction
 PROBABILITY_SLACK = 1e-6  # float32 softmax outputs may exceed 1 by an ulp
 
@@ -60,6 +62,16 @@ def probabilities_problem(data: bytes, name: str) -> str | None:
         return f"{name}: NaN or infinite probabilities"
     if values.size and (values.min() < 0 or values.max() > 1 + PROBABILITY_SLACK):
         return f"{name}: probabilities outside [0, 1]"
+    return None
+
+
+def logprobs_problem(data: bytes, name: str) -> str | None:
+    """float32 log-probabilities: at most 0 (up to rounding), -inf allowed, never NaN."""
+    if len(data) % 4:
+        return f"{name}: length is not a multiple of 4"
+    values = np.frombuffer(data, dtype="<f4")
+    if np.isnan(values).any() or (values.size and values.max() > PROBABILITY_SLACK):
+        return f"{name}: not log-probabilities"
     return None
 
 
@@ -104,9 +116,11 @@ def _open_fields(m: wire.Open) -> str | None:
         _range_problem("request", m.request, 0, UINT64_MAX),
         _range_problem("prompt_len", m.prompt_len, 0, count + 1),
         sampling_problem(m.temperature, m.seed),
+        shaping_problem(m.top_p, m.presence_penalty, m.frequency_penalty),
         _range_problem("first_k", m.first_k, 0, MAX_QUERY_INDEX),
         _range_problem("epoch", m.epoch, 0, UINT32_MAX),
         _range_problem("first_proposals", m.first_proposals, 0, MAX_PROPOSALS),
+        _range_problem("logprobs", m.logprobs, -1, MAX_TOP_LOGPROBS),
     )
 
 
@@ -152,6 +166,9 @@ def _verdict_fields(m: wire.Verdict) -> str | None:
         _mass_problem(m.tail, "tail"),
         probabilities_problem(m.proposal_p, "proposal_p"),
         probabilities_problem(m.proposal_u, "proposal_u"),
+        ids_problem(m.top_ids, "top_ids"),
+        logprobs_problem(m.logprobs, "logprobs"),
+        logprobs_problem(m.top_logprobs, "top_logprobs"),
     )
 
 
@@ -258,7 +275,7 @@ def reply_problem(message: wire.Message, vocab_size: int) -> str | None:
     if isinstance(message, wire.Verdict):
         if message.token >= vocab_size:
             return f"the cloud's token {message.token} is outside the vocabulary ({vocab_size})"
-        ids = message.support_ids + message.proposal_ids
+        ids = message.support_ids + message.proposal_ids + message.top_ids
     elif isinstance(message, wire.Correction):
         ids = message.ids
     values = wire.id_array(ids)

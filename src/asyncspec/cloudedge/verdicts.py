@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import torch
 
+from asyncspec.cloudedge import logprobs, validation
 from asyncspec.cloudedge import protocol as wire
-from asyncspec.cloudedge import validation
 from asyncspec.cloudedge.cloud_state import CloudCounters, CloudRequest, PendingCorrection, seeded
-from asyncspec.verify import first_rejection, greedy_verify, probabilities, speculative_accept
+from asyncspec.shaping import growing_histories, penalised, shaped_probabilities
+from asyncspec.verify import first_rejection, greedy_verify, speculative_accept
 
 MAX_PROPOSALS = validation.MAX_PROPOSALS
 # Slack on the bound q(v) <= 1 - q(rejected) for v != rejected: the edge's float32 softmax sums to 1
@@ -31,10 +32,23 @@ def decide(
     """logits [n + 1, V]: row i predicts the token after root, c1, ..., ci. `greedy`: the target's argmax."""
     candidates = wire.unpack_ids(block.candidates)
     request.pending = None
+    histories = row_histories(block, request, candidates)
     if request.sampling.greedy:
-        outcome = greedy_verify(greedy(logits), candidates)
-        return _settled(block, request, outcome.accepted, outcome.next_token, counters)
-    p = probabilities(logits, request.sampling.temperature)
+        law = penalised(logits, histories, request.sampling.shaping)
+        outcome = greedy_verify(greedy(law), candidates)
+        verdict = _settled(block, request, outcome.accepted, outcome.next_token, counters)
+    else:
+        law = shaped_probabilities(logits, request.sampling.temperature, request.sampling.shaping, histories)
+        verdict = _sampled(block, request, law, candidates, counters)
+    if request.logprobs == logprobs.NOT_ASKED:
+        return verdict
+    return logprobs.attach(verdict, logprobs.law_log(law, request.sampling.greedy), candidates, request.logprobs)
+
+
+def _sampled(
+    block: wire.Block, request: CloudRequest, p: torch.Tensor, candidates: list[int], counters: CloudCounters
+) -> wire.Verdict:
+    """The verdict of a sampled block under the target's shaped law p [n + 1, V]."""
     generator = seeded(request.sampling.seed, block.id.base, "accept")
     if block.q_full:  # baseline: the full draft distribution came up, the cloud corrects itself
         q = wire.unpack_probs(block.q_full).reshape(len(candidates), -1)
@@ -48,6 +62,16 @@ def decide(
         return _rejected(block, request, index, p[index], candidates[index], q_of_candidates[index], counters)
     bonus = int(torch.multinomial(p[len(candidates)], 1, generator=generator))
     return _settled(block, request, len(candidates), bonus, counters)
+
+
+def row_histories(block: wire.Block, request: CloudRequest, candidates: list[int]) -> list[list[int]]:
+    """The generated tokens before each row of the block's logits (the penalties' counts): the
+    confirmed output, the root when it is output (not the prompt's last token), then c1..ci."""
+    if not request.sampling.shaping.penalises:
+        return [[] for _ in range(len(candidates) + 1)]
+    confirmed = request.state.tokens[request.prompt_len : block.id.base - 1]
+    root = [block.root] if block.id.base - 1 >= request.prompt_len else []
+    return growing_histories([*confirmed, *root], candidates)
 
 
 def _settled(

@@ -17,6 +17,7 @@ import torch
 
 from asyncspec.errors import InputError
 from asyncspec.models.base import Decoder, DecodeRequest, DecoderState
+from asyncspec.shaping import NEUTRAL, Shaping, nucleus, penalised
 from asyncspec.verify import probabilities
 
 
@@ -79,6 +80,7 @@ class PrefixDrafter:
         temperature: float = 0.0,
         generator: torch.Generator | None = None,
         keep_q: bool = False,  # also return the rows when greedy (a baseline uploads them)
+        shaping: Shaping = NEUTRAL,  # the request's penalties and top_p, applied as the target applies them
     ) -> Proposal:
         """Up to max_tokens candidates; stops after the first token below min_confidence
         (that token included) or at the drafter's end of sequence (proposed as the target's)."""
@@ -88,10 +90,13 @@ class PrefixDrafter:
         if max_tokens <= 0 or self.prompt_len + len(wanted) + 1 > self.drafter.max_length:
             return Proposal([], [])
         self._sync(wanted)
-        tokens, confidences, rows = [], [], []
+        tokens: list[int] = []
+        confidences: list[float] = []
+        rows: list[torch.Tensor] = []
         logits = self.state.next_logits
         while True:
-            probs = probabilities(logits, temperature if temperature > 0 else 1.0)
+            logits = penalised(logits[None], [wanted + tokens], shaping)[0]
+            probs = self._law(logits, temperature, shaping)
             token = self._choose(logits, probs, temperature, generator)
             tokens.append(token)
             confidences.append(float(probs[token]))
@@ -101,6 +106,13 @@ class PrefixDrafter:
             logits = self.drafter.extend(self.state, [token])[-1]
             self.counters.calls += 1
         return self._to_target(wanted, tokens, confidences, rows if temperature > 0 or keep_q else None, max_tokens)
+
+    @staticmethod
+    def _law(logits: torch.Tensor, temperature: float, shaping: Shaping) -> torch.Tensor:
+        """The distribution a candidate is drawn from (q), or when greedy the confidence's softmax."""
+        if temperature <= 0:
+            return probabilities(logits, 1.0)
+        return nucleus(probabilities(logits, temperature), shaping.top_p)
 
     def _choose(self, logits, probs, temperature, generator) -> int:
         if temperature <= 0:

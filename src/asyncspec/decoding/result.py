@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from asyncspec.models.base import Decoder, DecodeRequest, DecoderState
+from asyncspec.shaping import NEUTRAL, Shaping
 from asyncspec.trace import Trace
 
 if TYPE_CHECKING:
@@ -21,6 +22,8 @@ class DecodeConfig:
     method_budgets: tuple[tuple[str, int], ...] = ()
     # sampling keyed by output position (sampling.py): every method draws target-only's sample
     positional_sampling: bool = False
+    # OpenAI's penalties and top_p (shaping.py); target-only applies them (the edge's reference)
+    shaping: Shaping = NEUTRAL
 
     def budget_for(self, method: str, default: int) -> int:
         """The method's proposals per round: --budget, else its configured one, else its default."""

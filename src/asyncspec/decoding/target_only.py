@@ -12,6 +12,7 @@ from asyncspec.decoding.result import (
 )
 from asyncspec.models.base import Decoder, DecodeRequest
 from asyncspec.sampling import decide, make_generator, next_token, token_logprob
+from asyncspec.shaping import penalised
 from asyncspec.trace import Trace
 
 METHOD = "target"
@@ -30,10 +31,11 @@ def decode_target_only(
     logits = state.next_logits
     limit = output_limit(request, target)
     while True:
+        shaped = penalised(logits[None], [tokens], config.shaping)[0]
         if config.positional_sampling:
-            token = decide(target, logits[None], config.temperature, config.seed, len(tokens))[0]
+            token = decide(target, shaped[None], config.temperature, config.seed, len(tokens))[0]
         else:
-            token = next_token(target, logits, config.temperature, generator)
+            token = next_token(target, shaped, config.temperature, generator, config.shaping.top_p)
         stats.logprobs.append(token_logprob(logits, token))
         if not commit_token(token, tokens, target.eos_ids, limit, stats):
             break
