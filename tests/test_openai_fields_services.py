@@ -146,9 +146,8 @@ def test_logprobs_are_the_targets_and_cost_only_when_asked(services, temperature
     stats, plain_stats = asked.model_extra["asyncspec"], plain.model_extra["asyncspec"]
     extra = stats["downlink_bytes"] - plain_stats["downlink_bytes"]
     uplink = stats["uplink_bytes"] - plain_stats["uplink_bytes"]
-    print(
-        f"T={temperature}, logprobs=3: +{uplink} B up, +{extra} B down over {len(tokens)} tokens, {stats['corrections']}"
-    )
+    print(f"T={temperature}, logprobs=3: +{uplink} B up, +{extra} B down over {len(tokens)} tokens")
+    print(f"  corrections: {stats['corrections']}")
     # the Open's field, sent with the default shaping fields before it (three msgpack floats)
     assert uplink <= 4 * 9
     assert extra > 0 and plain.choices[0].logprobs is None
