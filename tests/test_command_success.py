@@ -46,6 +46,7 @@ def test_demo_exits_0_with_every_method_equal_and_scored(clip, tmp_path, monkeyp
     out = capsys.readouterr().out
     report = json.loads((tmp_path / "demo.json").read_text())
     assert report["exactness"]["passed"] and report["exactness"]["mismatches"] == []
+    assert report["as2d"] == {"producer": "ct2-chunk@4s", "chunk_s": 4.0, "budget": 6, "source": "built-in default"}
     summary = report["summary"]
     assert {"target", "sd", "specasr", "as2d"} <= set(summary)
     tokens = {method: row["tokens"] for method, row in summary.items()}
