@@ -22,7 +22,7 @@ from asyncspec.profiling.replay import (
     replay_as2d,
     replay_target_only,
 )
-from asyncspec.profiling.selection import ensure_disjoint, oracle, rank, replay_catalog
+from asyncspec.profiling.selection import Entry, ensure_disjoint, oracle, rank, replay_catalog, select
 from asyncspec.profiling.trajectory import (
     Publication,
     WindowTrajectory,
@@ -201,6 +201,20 @@ def test_selection_and_oracle_on_replayed_catalogs():
     assert per_window[1].budget == 1  # nothing to verify: every budget costs the same, the smallest wins ties
 
 
+def test_the_default_is_scored_beside_a_catalog_without_it_and_a_slower_choice_is_refused():
+    ready = trajectory([Publication(0, tuple(range(10, 37)), None, 0.0, 0.0, 1)], tokens=range(10, 37))
+    profile = costs({k: 0.1 + 0.01 * (k - 1) for k in range(1, 10)})
+    default = Entry("s", 8)
+    catalog = replay_catalog([ready], profile, ["s"], range(1, 3), also=(default,))
+    assert set(catalog.seconds) == {Entry("s", 1), Entry("s", 2), default}
+    restricted = select(catalog, [Entry("s", 1), Entry("s", 2)], default)
+    assert restricted.chosen == Entry("s", 2) and restricted.default_tps > restricted.chosen_tps
+    assert "slower than the built-in default s budget 8" in restricted.refusal
+    # the control: with the default among the candidates nothing faster is missed, nothing is refused
+    full = select(catalog, [Entry("s", 1), Entry("s", 2), default], default)
+    assert full.chosen == default and full.refusal is None
+
+
 def test_selection_refuses_test_windows_from_the_development_split():
     deployed = DeployedConfig("ct2-chunk@4s", "whisper-tiny.en", 6, 30.0, {"fingerprints": ["a", "b"]})
     ensure_disjoint(deployed, ["c", "d"])
@@ -212,7 +226,8 @@ def test_the_deployed_configuration_fills_unset_options(tmp_path, monkeypatch):
     monkeypatch.setenv(deployed_module.CONFIG_ENV, str(tmp_path / "as2d.json"))
     assert deployed_as2d(None, None, None) == As2dSettings("ct2-chunk", 4.0, None)
     save_deployed(DeployedConfig("ct2-chunk@6s", "whisper-tiny.en", 9, 30.0))
-    assert deployed_as2d(None, None, None) == As2dSettings("ct2-chunk", 6.0, 9)
+    deployed = deployed_as2d(None, None, None)
+    assert (deployed.producer, deployed.chunk_s, deployed.budget) == ("ct2-chunk", 6.0, 9)
     assert deployed_as2d("ct2-chunk", None, 3).budget == 3  # an explicit --budget wins
     assert deployed_as2d(None, 2.0, None).chunk_s == 2.0  # so does an explicit --chunk-s
     assert deployed_as2d("autoregressive", None, None).budget is None  # the selected budget belongs to its own producer

@@ -10,7 +10,17 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from asyncspec.benchmarks import e2e, engines, ondemand
-from asyncspec.commands import bench_cloudedge, decoding_cli, keys, link, listen, models, profiling_cli, serve
+from asyncspec.commands import (
+    bench_cloudedge,
+    config,
+    decoding_cli,
+    keys,
+    link,
+    listen,
+    models,
+    profiling_cli,
+    serve,
+)
 from asyncspec.errors import InputError, ModelNotPreparedError
 
 EXIT_BAD_INPUT = 2
@@ -68,6 +78,7 @@ COMMANDS = (
         profiling_cli.add_select_budget,
         "commands.select_budget:run",
     ),
+    Command("config", config.HELP, config.add_arguments, None),
     Command("link", link.HELP, link.add_arguments, "commands.link:run", link.DESCRIPTION),
     Command("serve", serve.SERVE_HELP, serve.add_serve_arguments, None),
     Command("client", serve.CLIENT_HELP, serve.add_client_arguments, "commands.serve:run_client"),

@@ -86,6 +86,7 @@ def run(args) -> int:
     if args.threads < 1 or (args.budget is not None and args.budget < 1):
         raise InputError(f"--threads and --budget must be at least 1, got {args.threads} and {args.budget}")
     out = Path(args.out)
+    as2d = as2d_configuration(args, names)
     files = bench_files(args.audio, args.set, out)
     # Before any model loads: the producer process's start sets OMP_NUM_THREADS for itself.
     before = {"isa_environment": isa_environment(), "load_average_before": os.getloadavg()}
@@ -93,7 +94,7 @@ def run(args) -> int:
         systems = load_systems(args, names, stack)
         results = measure(systems, files, interleaved=args.order == "interleaved")
         check = exactness_check(systems, results, files)
-        report = build_report(args, files, systems, results, check, before)
+        report = build_report(args, files, systems, results, check, before) | {"as2d": as2d}
     if args.cold:  # after every warm model is closed: the fresh processes have the machine to themselves
         from asyncspec.benchmarks.e2e_cold import cold_walls
 
@@ -107,6 +108,21 @@ def run(args) -> int:
     print(ratio_table(report))
     print(f"wrote {out / 'bench_e2e.json'}, {out / 'bench_e2e.png'}")
     return check.report() if check is not None else 0
+
+
+def as2d_configuration(args, names: list[str]) -> dict | None:
+    """The configuration the Transcriber's As²d runs with (long-form: the ct2-chunk producer), for
+    the report, announced on stderr as every command announces a deployed one."""
+    if "as2d" not in names:
+        return None
+    from asyncspec.decoding.as2d import DEFAULT_BUDGET
+    from asyncspec.profiling.deployed import deployed_as2d
+    from asyncspec.transcription.loading import LONGFORM_PRODUCER
+
+    as2d = deployed_as2d(LONGFORM_PRODUCER, args.chunk_s, args.budget)
+    if note := as2d.note():
+        print(note, file=sys.stderr)
+    return as2d.record(DEFAULT_BUDGET)
 
 
 def _cold_options(args) -> list[str]:

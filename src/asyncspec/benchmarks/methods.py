@@ -69,6 +69,7 @@ def run(args) -> int:
         "drafter": options.drafter,
         "dtype": options.dtype,
         "budget": options.budget,
+        "as2d": options.as2d_record(),
         "load_average": os.getloadavg()[0],
         "summary": summary,
         "exactness": exactness.as_json() if exactness else None,

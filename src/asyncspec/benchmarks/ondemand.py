@@ -208,6 +208,7 @@ def build_report(records, options, args, recording: str, load_before, memory) ->
         "producer_model": options.producer_model,
         "dtype": options.dtype,
         "budget": options.budget,
+        "as2d": options.as2d_record(),
         "window_s": args.window_s,
         "every_s": args.every,
         "cores": os.cpu_count(),

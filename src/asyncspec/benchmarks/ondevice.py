@@ -144,6 +144,7 @@ def build_report(records: list[dict], methods: list[str], options: DecodingOptio
         "dtype": options.dtype,
         "as2d_budget": options.budget,
         "chunk_s": options.chunk_s,
+        "as2d": options.as2d_record(),
         "cores": os.cpu_count(),
         "load_average": os.getloadavg(),
         "methods": method_figures(records, methods),

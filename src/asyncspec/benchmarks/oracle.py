@@ -14,7 +14,7 @@ from asyncspec.decoding.result import DecodeConfig
 from asyncspec.errors import InputError
 from asyncspec.profiling.collect import Collection, add_producer_run, producers
 from asyncspec.profiling.costs import CostProfile
-from asyncspec.profiling.deployed import ProducerChoice, load_deployed, parse_catalog
+from asyncspec.profiling.deployed import ProducerChoice, current_deployment, parse_catalog
 from asyncspec.profiling.headroom import headroom
 from asyncspec.profiling.selection import Entry, ensure_disjoint
 from asyncspec.profiling.trajectory import fingerprint, reference_trajectory, save_trajectories
@@ -33,7 +33,7 @@ class Headroom:
             return
         if "as2d" not in options.methods:
             raise InputError("--oracle needs the as2d method")
-        self.deployed = load_deployed()
+        self.deployed = current_deployment().config  # one made on another CPU was not used
         self.profile_path = args.profile or (self.deployed.development.get("profile") if self.deployed else None)
         if not self.profile_path or not Path(self.profile_path).exists():
             raise InputError("--oracle needs a cost profile: run `asyncspec profile` or `select-budget`, or --profile")

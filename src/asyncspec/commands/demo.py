@@ -25,7 +25,7 @@ def run(args) -> int:
         jobs = window_jobs(target, windows)
         records = run_jobs(target, drafters, jobs, options.methods, config, exactness=exactness)
     wer = word_error_rates(records, references)
-    exit_code = print_summary(records, exactness, args.json, wer=wer)
+    exit_code = print_summary(records, exactness, args.json, wer=wer, as2d=options.as2d_record())
     for method, rate in wer.items():
         print(f"{method}: WER {rate * 100:.1f}% against the LibriVox transcripts ({options.model}, {options.dtype})")
     return exit_code

@@ -1,6 +1,8 @@
 """`asyncspec select-budget`: choose As²d's fixed (producer, budget) offline, by pooled replay
 throughput on a development split that shares no audio with the test windows (seed 000 D.2.6),
-and write it where `transcribe`, `demo` and the benchmarks read it."""
+and write it where `transcribe`, `demo` and the benchmarks read it. The built-in default
+(ct2-chunk@4s at As²d's default budget) is always scored beside the catalog; a selection slower
+than it is refused: reported, exit 0, nothing deployed."""
 
 from __future__ import annotations
 
@@ -12,14 +14,22 @@ from asyncspec.commands.profile import measure_profile, plot_saving, profile_set
 from asyncspec.decoding.as2d import DEFAULT_BUDGET
 from asyncspec.errors import InputError
 from asyncspec.profiling.costs import CostProfile
-from asyncspec.profiling.deployed import DeployedConfig, parse_catalog, save_deployed
-from asyncspec.profiling.selection import BUDGETS, Catalog, rank, replay_catalog
+from asyncspec.profiling.deployed import (
+    DEFAULT_PRODUCER,
+    DeployedConfig,
+    ProducerChoice,
+    parse_catalog,
+    save_deployed,
+)
+from asyncspec.profiling.selection import BUDGETS, Catalog, Entry, Selection, rank, replay_catalog, select
 from asyncspec.profiling.trajectory import save_trajectories
+
+# The configuration every command runs when none is deployed: always scored, so that a selection
+# slower than it is refused rather than deployed.
+DEFAULT_ENTRY = Entry(DEFAULT_PRODUCER, DEFAULT_BUDGET)
 
 
 def run(args) -> int:
-    from asyncspec.data.devset import synthesize_dev_set
-    from asyncspec.data.windows import directory_windows
     from asyncspec.models.hf_whisper import WhisperBackend
     from asyncspec.models.registry import load_decoder
     from asyncspec.profiling.collect import collect, producers
@@ -28,29 +38,64 @@ def run(args) -> int:
     choices = parse_catalog(args.producers)
     if not 1 <= args.max_budget <= max(BUDGETS):
         raise InputError(f"--max-budget must be in 1..{max(BUDGETS)}")
+    widest = max(args.max_budget, DEFAULT_BUDGET) + 1  # the default's budget is replayed too
     profile_path = args.profile or str(out / "profile.json")
-    profile = CostProfile.load(args.profile) if args.profile else _measure(args, out, profile_path)
-    if max(profile.widths) < args.max_budget + 1:
-        raise InputError(f"the profile covers K <= {max(profile.widths)}; budgets up to {args.max_budget} need more")
-    if args.audio:
-        windows = directory_windows(args.audio)
-    else:
-        synthesize_dev_set(out / "dev")
-        windows = directory_windows(str(out / "dev"))
+    profile = CostProfile.load(args.profile) if args.profile else _measure(args, out, profile_path, widest)
+    if max(profile.widths) < widest:
+        raise InputError(f"the profile covers K <= {max(profile.widths)}; budgets up to {widest - 1} need more")
+    windows = _development_windows(args, out)
     target = cast(WhisperBackend, load_decoder(args.model, args.dtype))  # --model: a speech model
-    with producers(choices, args.producer_model, args.dtype, target) as workers:
+    scored = list(dict.fromkeys([*choices, ProducerChoice.parse(DEFAULT_PRODUCER)]))
+    with producers(scored, args.producer_model, args.dtype, target) as workers:
         collection = collect(target, workers, windows, DEFAULT_BUDGET, "select-budget (development split)")
     save_trajectories(out / "select_budget_trajectories.json", collection.trajectories)
     if not collection.exactness.passed:  # an As²d run differing from target-only is a defect: deploy nothing
         return collection.exactness.report()
-    catalog = replay_catalog(collection.trajectories, profile, [c.name for c in choices], range(1, args.max_budget + 1))
+    budgets = range(1, args.max_budget + 1)
+    names = [c.name for c in choices]
+    catalog = replay_catalog(collection.trajectories, profile, names, budgets, also=(DEFAULT_ENTRY,))
+    selection = select(catalog, [Entry(name, budget) for name in names for budget in budgets], DEFAULT_ENTRY)
     ranking = rank(catalog)
-    best, best_tps = ranking[0]
-    deployed = DeployedConfig(
-        producer=best.producer,
+    deployed = _deployed_config(args, catalog, ranking, selection, profile, profile_path, collection.mismatches)
+    path = deploy(selection, deployed, Path(args.config) if args.config else None)
+    report = deployed.development | {
+        "selected": selection.chosen.__dict__ | {"pooled_tps": deployed.pooled_tps},
+        "built_in_default": selection.default.__dict__ | {"pooled_tps": deployed.default_pooled_tps},
+        "deployed": str(path) if path else None,
+        "refused": selection.refusal,
+    }
+    (out / "select_budget.json").write_text(json.dumps(report, indent=1))
+    _print_selection(catalog, ranking)
+    plot_budgets(catalog, out / "select_budget.png")
+    _print_outcome(selection, path, len(catalog.trajectories), out)
+    return collection.exactness.report()
+
+
+def deploy(selection: Selection, deployed: DeployedConfig, path: Path | None) -> Path | None:
+    """Write the selected configuration where every command reads it, unless it is slower than the
+    built-in default on the split it was selected on: then nothing is written (None)."""
+    return None if selection.refusal else save_deployed(deployed, path)
+
+
+def _development_windows(args, out: Path):
+    from asyncspec.data.devset import synthesize_dev_set
+    from asyncspec.data.windows import directory_windows
+
+    if args.audio:
+        return directory_windows(args.audio)
+    synthesize_dev_set(out / "dev")
+    return directory_windows(str(out / "dev"))
+
+
+def _deployed_config(
+    args, catalog: Catalog, ranking, selection: Selection, profile: CostProfile, profile_path, mismatches
+):
+    return DeployedConfig(
+        producer=selection.chosen.producer,
         producer_model=args.producer_model,
-        budget=best.budget,
-        pooled_tps=round(best_tps, 3),
+        budget=selection.chosen.budget,
+        pooled_tps=round(selection.chosen_tps, 3),
+        default_pooled_tps=round(selection.default_tps, 3),
         development={
             "windows": [t.window for t in catalog.trajectories],
             "fingerprints": [t.fingerprint for t in catalog.trajectories],
@@ -59,25 +104,28 @@ def run(args) -> int:
             "profile": str(Path(profile_path).resolve()),
             "device": profile.device,
             "fallbacks": catalog.fallbacks,
-            "mismatches": collection.mismatches,
+            "mismatches": mismatches,
             "ranking": [{"producer": e.producer, "budget": e.budget, "pooled_tps": round(t, 3)} for e, t in ranking],
         },
     )
-    path = save_deployed(deployed, Path(args.config) if args.config else None)
-    (out / "select_budget.json").write_text(json.dumps(deployed.development | {"selected": best.__dict__}, indent=1))
-    _print_selection(catalog, ranking)
-    plot_budgets(catalog, out / "select_budget.png")
-    print(
-        f"selected {best.producer} budget {best.budget} ({best_tps:.2f} tok/s pooled replay on "
-        f"{len(catalog.trajectories)} development windows); wrote {path}, {out / 'select_budget.json'}, "
-        f"{out / 'select_budget.png'}"
+
+
+def _print_outcome(selection: Selection, path: Path | None, windows: int, out: Path) -> None:
+    chosen, default = selection.chosen, selection.default
+    figures = (
+        f"{selection.chosen_tps:.2f} tok/s pooled replay on {windows} development windows; the built-in default "
+        f"{default.producer} budget {default.budget}: {selection.default_tps:.2f} tok/s"
     )
-    return collection.exactness.report()
+    written = f"{out / 'select_budget.json'}, {out / 'select_budget.png'}"
+    if path is None:
+        print(f"{selection.refusal}; nothing deployed (the configuration file is left as it was); wrote {written}")
+    else:
+        print(f"selected {chosen.producer} budget {chosen.budget} ({figures}); wrote {path}, {written}")
 
 
-def _measure(args, out: Path, path: str) -> CostProfile:
+def _measure(args, out: Path, path: str, widest: int) -> CostProfile:
     producer = args.producers.split(",")[0].strip()
-    profile, _ = measure_profile(profile_settings(args, producer, args.max_budget + 1), out)
+    profile, _ = measure_profile(profile_settings(args, producer, widest), out)
     profile.save(path)
     plot_saving(profile, Path(path).with_name("profile_saving.png"))
     return profile
@@ -90,7 +138,8 @@ def _print_selection(catalog: Catalog, ranking) -> None:
         f"target-only {target:.2f} tok/s (replay)"
     )
     for entry, tps in ranking[:8]:
-        print(f"  {entry.producer:>16} budget {entry.budget:>2}: {tps:6.2f} tok/s ({tps / target:.2f}x)")
+        default = " (built-in default)" if entry == DEFAULT_ENTRY else ""
+        print(f"  {entry.producer:>16} budget {entry.budget:>2}: {tps:6.2f} tok/s ({tps / target:.2f}x){default}")
 
 
 def plot_budgets(catalog: Catalog, path: Path) -> None:

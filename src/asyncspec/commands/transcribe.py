@@ -49,7 +49,7 @@ def run(args) -> int:
             records += _transcribe_file(transcriber, path, samples, plan, exactness, decoded)
     if plan.trace:
         save_traces(plan.trace, decoded)
-    return print_summary(records, exactness, args.json)
+    return print_summary(records, exactness, args.json, as2d=options.as2d_record())
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import platform
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -25,6 +24,7 @@ from asyncspec.errors import InputError
 from asyncspec.models.base import DecodeRequest, DecoderState
 from asyncspec.models.fixed_shape import StaticKV
 from asyncspec.models.int8_linear import Int8Linear, products_exact
+from asyncspec.models.machine import cpu_identity
 from asyncspec.models.threads import torch_threads
 
 ISA_VARIABLES = ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS", "ATEN_CPU_CAPABILITY")
@@ -232,15 +232,6 @@ def _precision_key(backend) -> str:
     from asyncspec.models.int8_linear import weight_range
 
     return f"int8/w{weight_range()}"
-
-
-def cpu_identity() -> str:
-    try:
-        lines = Path("/proc/cpuinfo").read_text().splitlines()
-    except OSError:
-        return platform.processor()
-    wanted = ("model name", "flags")
-    return "|".join(sorted({line for line in lines if line.split(":")[0].strip() in wanted}))
 
 
 def _weights_fingerprint(backend) -> str:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import multiprocessing
 import os
-import platform
 import time
 from collections.abc import Callable
 from statistics import mean, median
@@ -22,6 +21,7 @@ import numpy as np
 from asyncspec.decoding.methods import METHODS
 from asyncspec.decoding.result import DecodeConfig, DecodeResult
 from asyncspec.models.base import Decoder, DecodeRequest
+from asyncspec.models.machine import cpu_model
 from asyncspec.ondevice.buffer import PublishedBatch
 from asyncspec.ondevice.sources import SOURCES, ProducerSpec
 from asyncspec.profiling.costs import CONCURRENT, IDLE, CostProfile
@@ -193,13 +193,8 @@ def delivery_latency(samples: int = 200) -> float:
 def device_facts() -> dict[str, object]:
     import torch
 
-    model = (
-        next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), "")
-        if os.path.exists("/proc/cpuinfo")
-        else platform.processor()
-    )
     return {
-        "cpu": model,
+        "cpu": cpu_model(),
         "cores": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
         "load_average": os.getloadavg(),

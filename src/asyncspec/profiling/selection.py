@@ -43,21 +43,27 @@ class Catalog:
 
 
 def replay_catalog(
-    trajectories: list[WindowTrajectory], profile: CostProfile, producers: list[str], budgets=BUDGETS
+    trajectories: list[WindowTrajectory],
+    profile: CostProfile,
+    producers: list[str],
+    budgets=BUDGETS,
+    also: tuple[Entry, ...] = (),
 ) -> Catalog:
+    """Every producer x budget, plus the entries `also` names (e.g. the built-in default, scored
+    beside a catalog that leaves it out)."""
     pricer, target_pricer = ProfilePricer(profile), ProfilePricer(profile, target_only=True)
     target_seconds = [replay_target_only(t, target_pricer).time_s for t in trajectories]
+    entries = [Entry(producer, budget) for producer in producers for budget in budgets]
     seconds, fallbacks = {}, 0
-    for producer in producers:
-        for budget in budgets:
-            row = []
-            for trajectory, fallback in zip(trajectories, target_seconds, strict=True):
-                if producer in trajectory.sources:
-                    row.append(replay_as2d(trajectory, producer, budget, pricer).time_s)
-                else:
-                    row.append(fallback)
-                    fallbacks += 1
-            seconds[Entry(producer, budget)] = row
+    for entry in dict.fromkeys([*entries, *also]):
+        row = []
+        for trajectory, fallback in zip(trajectories, target_seconds, strict=True):
+            if entry.producer in trajectory.sources:
+                row.append(replay_as2d(trajectory, entry.producer, entry.budget, pricer).time_s)
+            else:
+                row.append(fallback)
+                fallbacks += 1
+        seconds[entry] = row
     return Catalog(trajectories, seconds, target_seconds, fallbacks)
 
 
@@ -65,6 +71,36 @@ def rank(catalog: Catalog) -> list[tuple[Entry, float]]:
     """Entries by pooled replay throughput, best first (ties: smaller budget first)."""
     pooled = [(entry, catalog.pooled_tps(row)) for entry, row in catalog.seconds.items()]
     return sorted(pooled, key=lambda item: (-item[1], item[0].budget, item[0].producer))
+
+
+@dataclass(frozen=True)
+class Selection:
+    """The fastest candidate on the development split, and the built-in default scored beside it."""
+
+    chosen: Entry
+    chosen_tps: float
+    default: Entry
+    default_tps: float
+
+    @property
+    def refusal(self) -> str | None:
+        """Why the chosen entry must not be deployed (it is slower than the default it would
+        replace), or None."""
+        if self.chosen_tps >= self.default_tps:
+            return None
+        return (
+            f"not deploying {self.chosen.producer} budget {self.chosen.budget}: {self.chosen_tps:.2f} tok/s on the "
+            f"development split, slower than the built-in default {self.default.producer} budget "
+            f"{self.default.budget} ({self.default_tps:.2f} tok/s)"
+        )
+
+
+def select(catalog: Catalog, candidates: list[Entry], default: Entry) -> Selection:
+    """The best of `candidates` by pooled replay throughput (`rank`'s order), beside `default`'s
+    score; both must be in the catalog."""
+    allowed = set(candidates)
+    chosen, chosen_tps = next((entry, tps) for entry, tps in rank(catalog) if entry in allowed)
+    return Selection(chosen, chosen_tps, default, catalog.pooled_tps(catalog.seconds[default]))
 
 
 def _best_entry(catalog: Catalog, window: int) -> Entry:

@@ -7,11 +7,12 @@ made with `dataclasses.replace`."""
 from __future__ import annotations
 
 import argparse
+import sys
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from asyncspec.errors import InputError
-from asyncspec.profiling.deployed import deployed_as2d
+from asyncspec.profiling.deployed import As2dSettings, deployed_as2d
 
 if TYPE_CHECKING:  # both import torch: not while the command line is only being parsed
     from asyncspec.decoding.result import DecodeConfig
@@ -70,17 +71,22 @@ class DecodingOptions:
     seed: int
     compare: bool = False
     trace: str | None = None
+    as2d: As2dSettings | None = None  # As²d's settings and where they came from
 
     @classmethod
     def from_args(cls, args) -> DecodingOptions:
-        """The options `add_decoding_options` defines (As²d's unset ones from the deployed configuration)."""
+        """The options `add_decoding_options` defines (As²d's unset ones from the deployed
+        configuration; when As²d runs, a line on stderr says which one, or why one was ignored)."""
         from asyncspec.decoding.methods import parse_methods
 
+        methods = tuple(parse_methods(args.method))
         as2d = deployed_as2d(args.producer, args.chunk_s, args.budget)
+        if "as2d" in methods and (note := as2d.note()):
+            print(note, file=sys.stderr)
         return cls(
             model=args.model,
             drafter=args.drafter,
-            methods=tuple(parse_methods(args.method)),
+            methods=methods,
             dtype=args.dtype,
             encoder=args.encoder,
             producer=as2d.producer,
@@ -92,10 +98,19 @@ class DecodingOptions:
             seed=args.seed,
             compare=args.compare,
             trace=args.trace,
+            as2d=as2d,
         )
 
     def running(self, methods: list[str]) -> DecodingOptions:
         return replace(self, methods=tuple(methods))
+
+    def as2d_record(self) -> dict[str, Any] | None:
+        """As²d's configuration for the JSON results (producer, chunk, budget, source), when it runs."""
+        from asyncspec.decoding.as2d import DEFAULT_BUDGET
+
+        if "as2d" not in self.methods or self.as2d is None:
+            return None
+        return self.as2d.record(DEFAULT_BUDGET)
 
 
 def decode_config(options: DecodingOptions) -> DecodeConfig:
