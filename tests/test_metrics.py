@@ -9,6 +9,7 @@ import io
 import urllib.error
 import urllib.request
 from collections import Counter
+from dataclasses import dataclass
 
 import pytest
 import soundfile
@@ -19,9 +20,11 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from asyncspec.cloudedge.cloud_metrics import register_cloud
 from asyncspec.cloudedge.correction import MODES
+from asyncspec.cloudedge.edge import EdgeGateway
 from asyncspec.cloudedge.edge_metrics import EdgeMetrics, accepted_per_position
 from asyncspec.cloudedge.http import make_app
 from asyncspec.cloudedge.policy import EdgePolicy
+from asyncspec.cloudedge.requests import EdgeRequest
 from asyncspec.errors import InputError
 from asyncspec.httpguard import GuardConfig
 from asyncspec.metrics import new_registry, serve_metrics
@@ -104,30 +107,38 @@ def pair():
     return model_pair(noise=0.3)
 
 
+@dataclass
+class EdgeRun:
+    client: TestClient  # the edge's HTTP app
+    answers: list[dict]  # the completions' response bodies
+    cloud_metrics_url: str
+    closed: list[EdgeRequest]  # every request the gateway closed, in order
+    gateway: EdgeGateway
+
+
 @pytest.fixture(scope="module")
 def edge_run(pair):
-    """One run: COMPLETIONS through the edge's HTTP API, the cloud's metrics served on loopback.
-    Yields (the app's client, the answers, the cloud's metrics URL, the closed requests, the gateway)."""
+    """One run: COMPLETIONS through the edge's HTTP API, with the cloud's metrics served on loopback."""
     target, drafter = pair
     with services(target, drafter, policy=POLICY) as (gateway, cloud, _):
-        closed = []
+        closed: list[EdgeRequest] = []
         gateway.closed_observers.append(lambda request, completed: closed.append(request))
         client = TestClient(make_app(gateway, drafter.tokenizer, "tiny"))
         answers = [client.post("/v1/completions", json=body).json() for body in COMPLETIONS]
+        assert wait_until(lambda: cloud.summary()["open_requests"] == 0, timeout_s=10)  # every Close arrived
         registry, port = new_registry(), free_port()
         register_cloud(registry, cloud)
         server = serve_metrics(registry, port)
-        assert wait_until(lambda: cloud.summary()["open_requests"] == 0, timeout_s=10)  # every Close arrived
         try:
-            yield client, answers, f"http://127.0.0.1:{port}/metrics", closed, gateway
+            yield EdgeRun(client, answers, f"http://127.0.0.1:{port}/metrics", closed, gateway)
         finally:
             server.shutdown()
 
 
 def test_the_edge_scrape_equals_the_requests_own_figures(edge_run):
-    client, answers, *_ = edge_run
+    answers = edge_run.answers
     assert all("choices" in answer for answer in answers), answers
-    response = client.get("/metrics")
+    response = edge_run.client.get("/metrics")
     assert response.status_code == 200 and response.headers["content-type"].startswith("text/plain")
     samples = scrape_text(response.text)
     assert edge_mismatches(samples, answers) == []
@@ -141,8 +152,8 @@ def test_the_edge_scrape_equals_the_requests_own_figures(edge_run):
 def test_a_request_counted_twice_fails_the_comparison(edge_run):
     """The negative control: metrics shown every closed request once agree with the answers; shown
     one of them a second time, the comparison must flag it."""
-    _, answers, _, closed, gateway = edge_run
-    replay = EdgeMetrics(gateway)  # counts only what it is shown here: the run has ended
+    answers, closed = edge_run.answers, edge_run.closed
+    replay = EdgeMetrics(edge_run.gateway)  # counts only what it is shown here: the run has ended
     for request in closed:
         replay.observe(request, completed=True)
     assert edge_mismatches(scrape_text(generate_latest(replay.registry).decode()), answers) == []
@@ -153,8 +164,8 @@ def test_a_request_counted_twice_fails_the_comparison(edge_run):
 
 
 def test_the_cloud_scrape_equals_what_the_edge_saw(edge_run):
-    client, answers, cloud_url, *_ = edge_run
-    with urllib.request.urlopen(cloud_url, timeout=10) as response:
+    answers = edge_run.answers
+    with urllib.request.urlopen(edge_run.cloud_metrics_url, timeout=10) as response:
         samples = scrape_text(response.read().decode())
     accepted = sum(answer["asyncspec"]["accepted"] for answer in answers)
     assert samples[("asyncspec:cloud_accepted_total", ())] == accepted
@@ -167,7 +178,7 @@ def test_the_cloud_scrape_equals_what_the_edge_saw(edge_run):
 
 
 def test_the_cloud_metrics_server_answers_loopback_host_names_only(edge_run):
-    cloud_url = edge_run[2]
+    cloud_url = edge_run.cloud_metrics_url
     request = urllib.request.Request(cloud_url, headers={"Host": "rebound.example"})
     with pytest.raises(urllib.error.HTTPError) as refused:
         urllib.request.urlopen(request, timeout=10)
@@ -180,8 +191,7 @@ def test_the_cloud_metrics_server_answers_loopback_host_names_only(edge_run):
 
 
 def test_metrics_need_the_api_key_when_the_api_does(pair, edge_run):
-    gateway = edge_run[4]
-    guarded = TestClient(make_app(gateway, pair[1].tokenizer, "tiny", guard=GuardConfig(api_keys=(API_KEY,))))
+    guarded = TestClient(make_app(edge_run.gateway, pair[1].tokenizer, "tiny", guard=GuardConfig(api_keys=(API_KEY,))))
     assert guarded.get("/metrics").status_code == 401
     assert guarded.get("/health").status_code == 401  # the same rule as /health
     assert guarded.get("/metrics", headers={"Authorization": f"Bearer {API_KEY}"}).status_code == 200
