@@ -214,7 +214,7 @@ class Guard:
     def _refusal(self, headers: dict[str, str], key: int | None) -> tuple[int, str, str] | None:
         """`key`: the index of the API key the request carries (None: none of them)."""
         config = self.config
-        if config.allowed_hosts and _host_name(headers.get("host", "")).lower() not in config.allowed_hosts:
+        if config.allowed_hosts and host_name(headers.get("host", "")).lower() not in config.allowed_hosts:
             return 400, "the Host header is not one this service answers to", "invalid_request_error"
         if config.api_keys and key is None:
             return 401, "a valid API key is required (Authorization: Bearer KEY)", "authentication_error"
@@ -249,7 +249,7 @@ class Guard:
         return await self.app(scope, replay, send)
 
 
-def _host_name(host: str) -> str:
+def host_name(host: str) -> str:
     if host.startswith("["):  # [::1]:8000
         return host[: host.find("]") + 1]
     return host.rsplit(":", 1)[0] if host.count(":") == 1 else host

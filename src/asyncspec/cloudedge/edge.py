@@ -69,6 +69,7 @@ class EdgeGateway:
         self.scheduler = EdgeScheduler(self.policy, drafter.eos_ids)
         self.events = EdgeEvents()
         self.finished_totals = RequestTotals()  # the stats of every request that has ended
+        self.closed_observers: list[Callable[[EdgeRequest, bool], None]] = []  # (request, completed): metrics
         self.traffic = TrafficCounters()
         self.cloud: CloudInfo | None = None
         self.channel: Channel | None = None
@@ -355,10 +356,7 @@ class EdgeGateway:
     # ------------------------------------------------------------ commit
 
     def _settle(self, request: EdgeRequest, block: OpenBlock, token: int, settled_p: float | None = None) -> None:
-        stats = request.stats
-        stats.blocks += 1
-        stats.drafted += len(block.candidates)
-        stats.accepted += block.accepted
+        request.stats.settle_block(len(block.candidates), block.accepted)
         request.acceptance.observe(block.accepted, len(block.candidates), self.policy.acceptance_decay)
         request.open = None
         held = presumption_held(request, block, token)
@@ -374,17 +372,19 @@ class EdgeGateway:
             request.stats.promoted_blocks += 1
         self.scheduler.mark_ready(request)
 
-    def _close_books(self, request: EdgeRequest) -> None:
+    def _close_books(self, request: EdgeRequest, completed: bool) -> None:
         request.stats.finished = time.monotonic()
         request.stats.downlink_bytes = self.traffic.per_request_received.get(request.id, 0)
         self.traffic.forget(request.id)
         self.finished_totals.add(request.stats)
+        for observe in self.closed_observers:  # final stats, before the request's client hears the end
+            observe(request, completed)
 
     def _finish(self, request: EdgeRequest, reason: str) -> None:
         invalidate_ahead(request)
         self.scheduler.remove(request)
         self.send(wire.Close(request.id), request)
-        self._close_books(request)
+        self._close_books(request, completed=True)
         self.events.completed += 1
         request.emit(DoneEvent(tuple(request.generated), reason, request.stats.as_dict()))
 
@@ -392,7 +392,7 @@ class EdgeGateway:
         """`capacity`: refused for lack of room (the client may retry later: HTTP 429), not for a fault."""
         if self.scheduler.remove(request) and self.channel is not None:
             self.send(wire.Close(request.id), request)
-        self._close_books(request)
+        self._close_books(request, completed=False)
         self.events.failed += 1
         request.emit(ErrorEvent(reason, tuple(request.generated), capacity))
 

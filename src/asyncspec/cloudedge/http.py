@@ -16,12 +16,14 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from asyncspec.cloudedge.client import IncrementalText
+from asyncspec.cloudedge.edge_metrics import EdgeMetrics
 from asyncspec.cloudedge.http_logprobs import rendered_logprobs
 from asyncspec.cloudedge.http_options import BadRequest, CompletionOptions, parse_messages, parse_options, parse_prompt
 from asyncspec.cloudedge.logprobs import NOT_ASKED
 from asyncspec.cloudedge.requests import DoneEvent, EdgeEvent, ErrorEvent, TokenEvent
 from asyncspec.cloudedge.stop_strings import StopStrings, StreamedCut
 from asyncspec.httpguard import Guard, GuardConfig, install_error_handlers
+from asyncspec.metrics import add_metrics_route
 
 DISCONNECT_CHECK_S = 1.0  # how often a waiting request looks whether its client is still there
 
@@ -110,6 +112,7 @@ def make_app(gateway, tokenizer, model_name: str, chat: ChatFormatter | None = N
         body = {"status": "ready" if not problems else "not ready", "problems": problems}
         return JSONResponse(body, status_code=200 if not problems else 503)
 
+    add_metrics_route(app, EdgeMetrics(gateway).registry)  # inside the Guard, like /health: a key if /v1 needs one
     return Guard(app, guard or GuardConfig())
 
 

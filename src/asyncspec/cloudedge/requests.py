@@ -99,6 +99,14 @@ class RequestStats:
     promoted_blocks: int = 0  # runahead blocks whose presumption held
     max_open_blocks: int = 0  # most blocks of this request open at once
     gammas: Counter = field(default_factory=Counter)  # adaptive block length: block size -> blocks drafted
+    accepted_lengths: Counter = field(default_factory=Counter)  # candidates accepted -> blocks settled so
+
+    def settle_block(self, drafted: int, accepted: int) -> None:
+        """A verified block's figures: `accepted` of its `drafted` candidates held."""
+        self.blocks += 1
+        self.drafted += drafted
+        self.accepted += accepted
+        self.accepted_lengths[accepted] += 1
 
     def as_dict(self) -> dict:
         start = self.submitted
@@ -127,6 +135,7 @@ class RequestStats:
             "promoted_blocks": self.promoted_blocks,
             "max_open_blocks": self.max_open_blocks,
             "gammas": {str(k): n for k, n in sorted(self.gammas.items())},
+            "accepted_lengths": {str(k): n for k, n in sorted(self.accepted_lengths.items())},
         }
 
 

@@ -23,6 +23,7 @@ def add_serve_arguments(serve: argparse.ArgumentParser) -> None:
     cloud.add_argument("--max-batch", type=int, default=32, help="blocks per batch step (one fixed-shape call each)")
     cloud.add_argument("--max-queue", type=int, default=1024, help="queued blocks before back-pressure")
     cloud.add_argument("--batch-wait-ms", type=float, default=0.0, help="wait for more blocks before a forward")
+    cloud.add_argument("--metrics-port", type=int, metavar="PORT", help="Prometheus metrics on 127.0.0.1:PORT/metrics")
     _cloud_limits(cloud)
     _curve_options(cloud, server=True)
     _model_options(cloud)
@@ -190,9 +191,11 @@ def run_cloud(args) -> int:
 
     from asyncspec.cloudedge.auth import require_keys_off_loopback, server_keys
     from asyncspec.cloudedge.cloud import CloudConfig, CloudVerifier
+    from asyncspec.cloudedge.cloud_metrics import serve_cloud_metrics
 
     curve = _server_curve(args, server_keys)
     require_keys_off_loopback(args.bind, curve, "--curve-secret", args.allow_insecure)
+    attach_metrics = serve_cloud_metrics(args.metrics_port)  # before the model loads: a busy port fails at once
     target = _load(args.model, args.dtype)
     config = CloudConfig(
         max_batch=args.max_batch,
@@ -207,6 +210,7 @@ def run_cloud(args) -> int:
         decision_cache_bytes=args.reply_cache_bytes,
     )
     cloud = CloudVerifier(target, config)
+    attach_metrics(cloud)
     stop = StopFlag()
     secured = " (CURVE)" if curve else ""
     try:

@@ -29,6 +29,7 @@ from asyncspec.decoding.result import DecodeConfig, DecodeResult
 from asyncspec.errors import InputError
 from asyncspec.models.hf_whisper import WhisperBackend
 from asyncspec.ondemand.ingest import Ingestor, LatestWindow
+from asyncspec.ondemand.method_figures import method_figures
 from asyncspec.ondemand.prepared_state import PreparedWindow, Preparer, prepare_window
 from asyncspec.ondemand.uploads import upload_transcriber
 from asyncspec.transcription.longform import LongformOptions
@@ -178,6 +179,7 @@ class Engine:
         self.upload_options = upload_options or LongformOptions(language=self.transcriber.default_language)
         self.queue: queue.Queue[Job | None] = queue.Queue(maxsize=max_queue)
         self.counters = EngineCounters()
+        self.response_observers: list[Callable[[Response], None]] = []  # each answered request's figures
         self.busy = False
         self.current: Job | None = None  # the job being decoded
         self._closed = False
@@ -263,8 +265,11 @@ class Engine:
                 continue
             self.current = job
             try:
-                job.future.set_result(self._run(job))
+                response = self._run(job)
                 self.counters.completed += 1
+                for observe in self.response_observers:  # metrics: counted before the client reads it
+                    observe(response)
+                job.future.set_result(response)
             except RequestCancelled as error:
                 self.counters.cancelled += 1
                 job.future.set_exception(error)
@@ -319,6 +324,7 @@ class Engine:
         response.method, response.segments, response.task = info.method, segments, info.options.task
         response.language, response.language_probability = info.language, info.language_probability
         response.notes = list(info.notes)
+        response.method_stats["fallbacks"] = info.stats.fallbacks
         if method != job.method:
             response.notes.append(f"{job.method}: this service's drafts carry no audio time; decoded target-only")
         return response
@@ -377,22 +383,5 @@ class Engine:
             if isinstance(producer, TrackedProducer) and producer.started_at
             else None,
             finish_reason=results[-1].stats.finish_reason if results else "",
-            method_stats=_method_stats(results),
+            method_stats=method_figures(results),
         )
-
-
-def _method_stats(results: list[DecodeResult]) -> dict[str, Any]:
-    stats = [r.stats for r in results]
-    widths = [w for s in stats for w in s.call_widths]
-    figures = {
-        "target_calls": sum(s.target_calls for s in stats),
-        "drafted": sum(s.drafted for s in stats),
-        "accepted": sum(s.accepted for s in stats),
-        "k1_share": round(widths.count(1) / len(widths), 3) if widths else 0.0,
-    }
-    n_tokens = sum(len(r.tokens) for r in results)
-    figures["coverage"] = round(figures["accepted"] / n_tokens, 3) if n_tokens else 0.0
-    published = [s.as2d.published for s in stats if s.as2d is not None]
-    if published:
-        figures["published"] = sum(published)
-    return figures

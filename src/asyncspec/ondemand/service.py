@@ -6,6 +6,7 @@ POST /v1/audio/transcriptions   multipart `file` (+ model, language, prompt, res
 POST /v1/audio/translations     the same, translated into English
 POST /v1/stream/transcriptions  the latest `seconds` of the live input, from the prepared state
 GET  /v1/stream/status          ingestion, preparation, queue and memory
+GET  /metrics                   Prometheus metrics (ondemand/metrics.py)
 Errors use OpenAI's shape {"error": {"message", "type", "code"}}: 400 bad input (also uploads over
 MAX_UPLOAD_S), 429 queue full, 503 no audio yet / closing, 499 (logged only) when the client went away.
 """
@@ -25,9 +26,11 @@ from starlette.requests import ClientDisconnect
 from asyncspec.audio import MAX_UPLOAD_DECODED_SAMPLES
 from asyncspec.errors import InputError
 from asyncspec.httpguard import FORM_OVERHEAD_BYTES, Guard, GuardConfig, install_error_handlers
+from asyncspec.metrics import add_metrics_route
 from asyncspec.ondemand.engine import Engine, Job, QueueFull, RequestCancelled, ServiceUnavailable, Upload
 from asyncspec.ondemand.engine import Response as Transcription
 from asyncspec.ondemand.memory import memory_report
+from asyncspec.ondemand.metrics import ListenMetrics
 from asyncspec.ondemand.responses import (
     GRANULARITY_FIELDS,
     SUBTITLE_TYPES,
@@ -105,6 +108,7 @@ def create_app(
         return {"object": "list", "data": [{"id": model_name, "object": "model", "owned_by": "asyncspec"}]}
 
     _health_routes(app, engine)
+    add_metrics_route(app, ListenMetrics(engine).registry)  # inside the Guard: a key if the API needs one
     return Guard(app, guard)
 
 
