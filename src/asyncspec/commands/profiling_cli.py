@@ -53,7 +53,20 @@ SELECT_BUDGET_HELP = "choose As²d's producer and budget on a development split"
 
 
 def add_select_budget(select) -> None:
-    select.add_argument("--audio", metavar="DIR", help="development audio (default: the Festival development set)")
+    select.add_argument(
+        "--audio", metavar="DIR", help="development audio (default: the split --split names, assembled here)"
+    )
+    select.add_argument(
+        "--split",
+        choices=["real", "festival"],
+        default="real",
+        help="the development split: real (the CMU recordings at three rates, the default) or festival "
+        "(Pride and Prejudice in Festival's voices)",
+    )
+    select.add_argument(
+        "--secondary", choices=["festival", "none"], default="none",
+        help="also collect the Festival split and report how its ranking compares (Spearman's rho)",
+    )  # fmt: skip
     select.add_argument("--profile", help="cost profile JSON (default: measure one now, widths 1..25)")
     select.add_argument("--producers", default=CATALOG, help="catalog: ct2-chunk@<s>s and/or autoregressive")
     select.add_argument("--max-budget", type=int, default=MAX_BUDGET)

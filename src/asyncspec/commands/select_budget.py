@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import cast
 
 from asyncspec.commands.profile import measure_profile, plot_saving, profile_settings
+from asyncspec.data.real_devset import recording_of
 from asyncspec.decoding.as2d import DEFAULT_BUDGET
 from asyncspec.errors import InputError
 from asyncspec.profiling.costs import CostProfile
@@ -21,6 +22,7 @@ from asyncspec.profiling.deployed import (
     parse_catalog,
     save_deployed,
 )
+from asyncspec.profiling.generalising import cross_validate, rank_correlation, robust_choice
 from asyncspec.profiling.selection import BUDGETS, Catalog, Entry, Selection, rank, replay_catalog, select
 from asyncspec.profiling.trajectory import save_trajectories
 
@@ -30,10 +32,6 @@ DEFAULT_ENTRY = Entry(DEFAULT_PRODUCER, DEFAULT_BUDGET)
 
 
 def run(args) -> int:
-    from asyncspec.models.hf_whisper import WhisperBackend
-    from asyncspec.models.registry import load_decoder
-    from asyncspec.profiling.collect import collect, producers
-
     out = Path(args.out)
     choices = parse_catalog(args.producers)
     if not 1 <= args.max_budget <= max(BUDGETS):
@@ -43,32 +41,82 @@ def run(args) -> int:
     profile = CostProfile.load(args.profile) if args.profile else _measure(args, out, profile_path, widest)
     if max(profile.widths) < widest:
         raise InputError(f"the profile covers K <= {max(profile.widths)}; budgets up to {widest - 1} need more")
+    split = DevelopmentSplit(args, profile, choices)
     windows = _development_windows(args, out)
-    target = cast(WhisperBackend, load_decoder(args.model, args.dtype))  # --model: a speech model
-    scored = list(dict.fromkeys([*choices, ProducerChoice.parse(DEFAULT_PRODUCER)]))
-    with producers(scored, args.producer_model, args.dtype, target) as workers:
-        collection = collect(target, workers, windows, DEFAULT_BUDGET, "select-budget (development split)")
-    save_trajectories(out / "select_budget_trajectories.json", collection.trajectories)
+    catalog, collection = split.catalog(windows, "development split", out / "select_budget_trajectories.json")
     if not collection.exactness.passed:  # an As²d run differing from target-only is a defect: deploy nothing
         return collection.exactness.report()
-    budgets = range(1, args.max_budget + 1)
-    names = [c.name for c in choices]
-    catalog = replay_catalog(collection.trajectories, profile, names, budgets, also=(DEFAULT_ENTRY,))
-    selection = select(catalog, [Entry(name, budget) for name in names for budget in budgets], DEFAULT_ENTRY)
+    candidates = [*split.entries, DEFAULT_ENTRY]
+    selection = select(catalog, candidates, DEFAULT_ENTRY, robust_choice)
     ranking = rank(catalog)
     deployed = _deployed_config(args, catalog, ranking, selection, profile, profile_path, collection.mismatches)
     path = deploy(selection, deployed, Path(args.config) if args.config else None)
     report = deployed.development | {
+        "split": "--audio" if args.audio else args.split,
         "selected": selection.chosen.__dict__ | {"pooled_tps": deployed.pooled_tps},
         "built_in_default": selection.default.__dict__ | {"pooled_tps": deployed.default_pooled_tps},
         "deployed": str(path) if path else None,
         "refused": selection.refusal,
+        "cross_validation": _cross_validation(catalog, candidates),
+        "secondary": split.secondary(ranking, out) if args.secondary != "none" else None,
     }
     (out / "select_budget.json").write_text(json.dumps(report, indent=1))
-    _print_selection(catalog, ranking)
+    _print_selection(catalog, ranking, report["cross_validation"], report["secondary"])
     plot_budgets(catalog, out / "select_budget.png")
     _print_outcome(selection, path, len(catalog.trajectories), out)
     return collection.exactness.report()
+
+
+class DevelopmentSplit:
+    """Collects a split's windows under every scored producer and replays the catalog on them."""
+
+    def __init__(self, args, profile: CostProfile, choices: list[ProducerChoice]):
+        from asyncspec.models.hf_whisper import WhisperBackend
+        from asyncspec.models.registry import load_decoder
+
+        self.args, self.profile = args, profile
+        self.names = [c.name for c in choices]
+        self.budgets = range(1, args.max_budget + 1)
+        self.entries = [Entry(name, budget) for name in self.names for budget in self.budgets]
+        self.scored = list(dict.fromkeys([*choices, ProducerChoice.parse(DEFAULT_PRODUCER)]))
+        self.target = cast(WhisperBackend, load_decoder(args.model, args.dtype))  # --model: a speech model
+
+    def catalog(self, windows, label: str, trajectories: Path):
+        from asyncspec.profiling.collect import collect, producers
+
+        with producers(self.scored, self.args.producer_model, self.args.dtype, self.target) as workers:
+            collection = collect(self.target, workers, windows, DEFAULT_BUDGET, f"select-budget ({label})")
+        save_trajectories(trajectories, collection.trajectories)
+        also = (DEFAULT_ENTRY,)
+        catalog = replay_catalog(collection.trajectories, self.profile, self.names, self.budgets, also=also)
+        return catalog, collection
+
+    def secondary(self, ranking, out: Path) -> dict:
+        """The Festival split's ranking beside the development split's: Spearman's rho."""
+        from asyncspec.data.devset import synthesize_dev_set
+        from asyncspec.data.windows import directory_windows
+
+        synthesize_dev_set(out / "dev-festival")
+        windows = directory_windows(str(out / "dev-festival"))
+        catalog, collection = self.catalog(windows, "festival split", out / "select_budget_trajectories_festival.json")
+        festival = rank(catalog)
+        rho = rank_correlation([e for e, _ in ranking], [e for e, _ in festival])
+        best = festival[0][0]
+        return {
+            "split": "festival",
+            "windows": len(catalog.trajectories),
+            "exact": collection.exactness.passed,
+            "best": {"producer": best.producer, "budget": best.budget, "pooled_tps": round(festival[0][1], 3)},
+            "spearman_rho": round(rho, 3),
+        }
+
+
+def _cross_validation(catalog: Catalog, candidates: list[Entry]) -> dict | None:
+    """Leave one recording out over the development split (None: one recording only)."""
+    groups = [recording_of(t.window.split("/")[-1]) for t in catalog.trajectories]
+    if len(set(groups)) < 2:
+        return None
+    return cross_validate(catalog, groups, candidates, DEFAULT_ENTRY).as_dict()
 
 
 def deploy(selection: Selection, deployed: DeployedConfig, path: Path | None) -> Path | None:
@@ -78,13 +126,16 @@ def deploy(selection: Selection, deployed: DeployedConfig, path: Path | None) ->
 
 
 def _development_windows(args, out: Path):
+    """--audio's windows, or the split --split names assembled under out/."""
     from asyncspec.data.devset import synthesize_dev_set
+    from asyncspec.data.real_devset import assemble_real_dev_set
     from asyncspec.data.windows import directory_windows
 
     if args.audio:
         return directory_windows(args.audio)
-    synthesize_dev_set(out / "dev")
-    return directory_windows(str(out / "dev"))
+    directory = out / f"dev-{args.split}"
+    (assemble_real_dev_set if args.split == "real" else synthesize_dev_set)(directory)
+    return directory_windows(str(directory))
 
 
 def _deployed_config(
@@ -131,7 +182,7 @@ def _measure(args, out: Path, path: str, widest: int) -> CostProfile:
     return profile
 
 
-def _print_selection(catalog: Catalog, ranking) -> None:
+def _print_selection(catalog: Catalog, ranking, cross_validation: dict | None, secondary: dict | None) -> None:
     target = catalog.pooled_tps(catalog.target_seconds)
     print(
         f"development split: {len(catalog.trajectories)} windows, {catalog.tokens} tokens; "
@@ -140,6 +191,14 @@ def _print_selection(catalog: Catalog, ranking) -> None:
     for entry, tps in ranking[:8]:
         default = " (built-in default)" if entry == DEFAULT_ENTRY else ""
         print(f"  {entry.producer:>16} budget {entry.budget:>2}: {tps:6.2f} tok/s ({tps / target:.2f}x){default}")
+    if cross_validation:
+        print(
+            f"leave one recording out: {cross_validation['out_of_fold_pooled_tps']:.2f} tok/s out of fold, "
+            f"the built-in default {cross_validation['default_pooled_tps']:.2f} tok/s"
+        )
+    if secondary:
+        rho = secondary["spearman_rho"]
+        print(f"Festival split: best {secondary['best']}, Spearman's rho with this split's ranking {rho}")
 
 
 def plot_budgets(catalog: Catalog, path: Path) -> None:

@@ -95,12 +95,16 @@ class Selection:
         )
 
 
-def select(catalog: Catalog, candidates: list[Entry], default: Entry) -> Selection:
-    """The best of `candidates` by pooled replay throughput (`rank`'s order), beside `default`'s
-    score; both must be in the catalog."""
-    allowed = set(candidates)
-    chosen, chosen_tps = next((entry, tps) for entry, tps in rank(catalog) if entry in allowed)
-    return Selection(chosen, chosen_tps, default, catalog.pooled_tps(catalog.seconds[default]))
+def select(catalog: Catalog, candidates: list[Entry], default: Entry, choose=None) -> Selection:
+    """The choice among `candidates` (`choose(catalog, candidates)`; by default the best by pooled
+    replay throughput, `rank`'s order), beside `default`'s score; both must be in the catalog."""
+    if choose is None:
+        allowed = set(candidates)
+        chosen = next(entry for entry, _ in rank(catalog) if entry in allowed)
+    else:
+        chosen = choose(catalog, candidates)
+    pooled = catalog.pooled_tps
+    return Selection(chosen, pooled(catalog.seconds[chosen]), default, pooled(catalog.seconds[default]))
 
 
 def _best_entry(catalog: Catalog, window: int) -> Entry:

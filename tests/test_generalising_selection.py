@@ -1,0 +1,81 @@
+"""Selection that generalises (profiling/generalising.py) on hand-built catalogs whose answers are
+known, and the real-speech development split (data/real_devset.py)."""
+
+from __future__ import annotations
+
+import shutil
+from types import SimpleNamespace
+
+import pytest
+
+from asyncspec.audio import load_audio
+from asyncspec.data.real_devset import CMU_RECORDINGS, TEMPOS, assemble_real_dev_set, recording_of
+from asyncspec.profiling.generalising import (
+    REPLAY_NOISE,
+    cross_validate,
+    rank_correlation,
+    robust_choice,
+    windows_won,
+)
+from asyncspec.profiling.selection import Catalog, Entry, rank
+
+A, B, C = Entry("a", 1), Entry("b", 1), Entry("c", 1)
+
+
+def catalog(seconds: dict[Entry, list[float]], tokens: list[int]) -> Catalog:
+    """A catalog of windows with `tokens[i]` tokens, each entry's replayed seconds given."""
+    trajectories = [SimpleNamespace(tokens=[0] * n, window=f"w{i}") for i, n in enumerate(tokens)]
+    return Catalog(trajectories, seconds, target_seconds=[1.0] * len(tokens), fallbacks=0)  # type: ignore[arg-type]
+
+
+def test_one_long_window_does_not_carry_the_choice_within_noise():
+    # a wins one long window by a little more than everything b wins on four short ones: pooled, a
+    # is ahead by under REPLAY_NOISE, and b is faster on four windows of five
+    seconds = {A: [10.0, 1.1, 1.1, 1.1, 1.1], B: [10.5, 1.0, 1.0, 1.0, 1.0]}
+    tokens = [100, 10, 10, 10, 10]
+    cat = catalog(seconds, tokens)
+    pooled = dict(rank(cat))
+    assert pooled[A] > pooled[B] > pooled[A] * (1 - REPLAY_NOISE)
+    assert windows_won(cat, [A, B], list(range(5))) == {A: 1, B: 4}
+    assert robust_choice(cat, [A, B]) == B
+    # the control: beyond the noise the pooled figure decides, however many windows the other wins
+    far = catalog({A: [8.0, 1.1, 1.1, 1.1, 1.1], B: [10.5, 1.0, 1.0, 1.0, 1.0]}, tokens)
+    assert robust_choice(far, [A, B]) == A
+
+
+def test_cross_validation_scores_each_recording_with_the_choice_made_without_it():
+    # r1 (one window) favours a; r2 and r3 favour b; c is never best
+    seconds = {A: [1.0, 2.0, 2.0, 2.0, 2.0], B: [3.0, 1.0, 1.0, 1.0, 1.0], C: [3.0] * 5}
+    cat = catalog(seconds, [10] * 5)
+    groups = ["r1", "r2", "r2", "r3", "r3"]
+    result = cross_validate(cat, groups, [A, B, C], default=C)
+    # without r2 (or r3), a and b tie pooled (30 tokens in 5 s) and b wins two windows of three
+    assert result.groups == {"r1": B, "r2": B, "r3": B}
+    assert result.out_of_fold_tps == pytest.approx(50 / (3 + 2 + 2))  # r1 pays b's 3 s
+    assert result.default_tps == pytest.approx(50 / 15)
+    # the control: a fold's choice is made without it; selecting on r1 itself would have chosen a
+    assert robust_choice(cat, [A, B, C], [0]) == A
+    with pytest.raises(ValueError, match="two recordings"):
+        cross_validate(cat, ["r1"] * 5, [A, B], default=C)
+
+
+def test_rank_correlation_of_identical_reversed_and_partial_rankings():
+    assert rank_correlation([A, B, C], [A, B, C]) == pytest.approx(1.0)
+    assert rank_correlation([A, B, C], [C, B, A]) == pytest.approx(-1.0)
+    assert rank_correlation([A, B, C], [B, A]) == pytest.approx(-1.0)  # only the common entries count
+
+
+@pytest.mark.skipif(shutil.which("sox") is None, reason="sox is not installed")
+def test_the_real_development_split_is_cmu_speech_at_three_rates(tmp_path):
+    paths = assemble_real_dev_set(tmp_path)
+    assert len(paths) == len(CMU_RECORDINGS) * len(TEMPOS)
+    by_recording: dict[str, dict[float, float]] = {}
+    for path in paths:
+        seconds = len(load_audio(path)) / 16000
+        tempo = float(path.stem.split("-tempo")[1])
+        by_recording.setdefault(recording_of(path.name + "#0"), {})[tempo] = seconds
+    assert set(by_recording) == set(CMU_RECORDINGS)
+    for durations in by_recording.values():  # faster speech is shorter, in proportion to the tempo
+        assert durations[0.85] > durations[1.0] > durations[1.15]
+        assert durations[1.0] / durations[1.15] == pytest.approx(1.15, rel=0.02)
+    assert 9 < by_recording["cards"][1.0] < 14  # five card names with pauses
