@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from dataclasses import replace
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -23,7 +25,9 @@ from asyncspec.cloudedge import protocol as wire
 from asyncspec.cloudedge import verdicts
 from asyncspec.cloudedge.http_options import BadRequest, parse_options
 from asyncspec.cloudedge.logprobs import NOT_ASKED
+from asyncspec.cloudedge.requests import checked_verdict
 from asyncspec.cloudedge.stop_strings import StopStrings, StopWatch, StreamedCut, parse_stop
+from asyncspec.cloudedge.validation import message_problem
 from asyncspec.decoding.drafter import PrefixDrafter
 from asyncspec.models.base import DecoderState
 from asyncspec.shaping import Shaping, penalised, shaping_problem
@@ -228,3 +232,25 @@ def test_an_honest_unshaped_drafter_still_gives_the_shaped_law(monkeypatch):
 
     monkeypatch.setattr(PrefixDrafter, "propose", unshaped)
     assert shaped_law_p_value(1.3, QUERYING_CORRECTION) > RIGHT_P
+
+
+# ---------------------------------------------------------------- log-probabilities on the wire
+
+
+def test_a_verdict_with_impossible_logprobs_is_refused():
+    block_id = wire.BlockId(1, 5, 2, 0)
+    block = SimpleNamespace(candidates=[3, 4])
+    good = wire.Verdict(
+        block_id, 1, 7, logprobs=wire.pack_probs([-0.1, -0.2]), top_ids=wire.pack_ids([3, 5, 7, 2]),
+        top_logprobs=wire.pack_probs([-0.1, -1.0, -0.2, -2.0]),
+    )  # fmt: skip
+    values, tops = checked_verdict(good, block, 2)
+    assert values == pytest.approx([-0.1, -0.2]) and [t for t, _ in tops[1]] == [7, 2]
+    with pytest.raises(ValueError, match="do not match"):  # one value short of the decided tokens
+        checked_verdict(replace(good, logprobs=wire.pack_probs([-0.1])), block, 2)
+    with pytest.raises(ValueError, match="more alternatives"):
+        checked_verdict(good, block, 1)
+    assert checked_verdict(good, block, NOT_ASKED) is None
+    assert message_problem(replace(good, logprobs=wire.pack_probs([0.5, -0.2]))) is not None  # above 0
+    assert message_problem(replace(good, top_logprobs=wire.pack_probs([float("nan")] * 4))) is not None
+    assert message_problem(good) is None
