@@ -166,6 +166,18 @@ def spawn(*args: str, env_extra: dict | None = None) -> subprocess.Popen:
     )
 
 
+def spawn_cloud_and_edge(target_dir, drafter_dir, *edge_args: str) -> tuple[subprocess.Popen, subprocess.Popen, int]:
+    """`serve cloud` and `serve edge --http` on a tiny model pair in fp32 (not yet ready: wait_ready
+    each); returns (cloud, edge, the edge's HTTP port)."""
+    cloud_address, port = free_address(), free_port()
+    cloud = spawn("serve", "cloud", "--model", str(target_dir), "--bind", cloud_address, "--dtype", "fp32")
+    edge = spawn(
+        "serve", "edge", "--model", str(drafter_dir), "--cloud", cloud_address, "--bind", free_address(),
+        "--http", f"127.0.0.1:{port}", "--dtype", "fp32", *edge_args,
+    )  # fmt: skip
+    return cloud, edge, port
+
+
 def wait_ready(process: subprocess.Popen, timeout: float = 120) -> str:
     """Read stdout until a line containing 'ready'; returns that line."""
     deadline = time.monotonic() + timeout

@@ -14,7 +14,7 @@ import time
 import httpx
 import pytest
 
-from cloudedge_support import SRC, free_address, free_port, model_pair, save_tiny, spawn, stop_process, wait_ready
+from cloudedge_support import SRC, free_port, model_pair, save_tiny, spawn_cloud_and_edge, stop_process, wait_ready
 
 PROMPT = "w3 w17 w5 w8"
 BOUND_S = 5.0
@@ -92,12 +92,7 @@ def _reference(target_dir) -> str:
 
 def test_edge_process_answers_through_idle_and_trickling_sockets(tiny_dirs):
     target_dir, drafter_dir = tiny_dirs
-    cloud_address, port = free_address(), free_port()
-    cloud = spawn("serve", "cloud", "--model", str(target_dir), "--bind", cloud_address, "--dtype", "fp32")
-    edge = spawn(
-        "serve", "edge", "--model", str(drafter_dir), "--cloud", cloud_address, "--bind", free_address(),
-        "--http", f"127.0.0.1:{port}", "--dtype", "fp32", "--http-header-timeout", "2",
-    )  # fmt: skip
+    cloud, edge, port = spawn_cloud_and_edge(target_dir, drafter_dir, "--http-header-timeout", "2")
     try:
         wait_ready(cloud)
         wait_ready(edge)

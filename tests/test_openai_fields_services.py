@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from asyncspec.cloudedge import protocol as wire
-from cloudedge_support import free_address, free_port, spawn, stop_process, wait_ready
+from cloudedge_support import spawn_cloud_and_edge, stop_process, wait_ready
 from test_cloudedge_process import PROMPT, pair_dirs
 
 assert pair_dirs  # the fixture: a tiny Qwen3 target and drafter saved as model directories
@@ -52,12 +52,7 @@ def services(pair_dirs):
     from openai import OpenAI
 
     _, _, target_dir, drafter_dir = pair_dirs
-    cloud_address, port = free_address(), free_port()
-    cloud = spawn("serve", "cloud", "--model", str(target_dir), "--bind", cloud_address, "--dtype", "fp32")
-    edge = spawn(
-        "serve", "edge", "--model", str(drafter_dir), "--cloud", cloud_address, "--bind", free_address(),
-        "--http", f"127.0.0.1:{port}", "--dtype", "fp32", "--block-size", "5",
-    )  # fmt: skip
+    cloud, edge, port = spawn_cloud_and_edge(target_dir, drafter_dir, "--block-size", "5")
     try:
         assert "ready" in wait_ready(cloud) and "ready" in wait_ready(edge)
         yield OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused"), target_dir
