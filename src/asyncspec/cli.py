@@ -44,6 +44,7 @@ BENCHES = (
     Command("ondevice", decoding_cli.ONDEVICE_HELP, decoding_cli.add_bench_ondevice, "benchmarks.ondevice:run"),
     Command("engines", engines.HELP, engines.add_arguments, "benchmarks.engines:run"),
     Command("e2e", e2e.HELP, e2e.add_arguments, "benchmarks.e2e:run"),
+    Command("cloud", bench_cloudedge.CLOUD_HELP, bench_cloudedge.add_cloud_arguments, "benchmarks.cloud_load:run"),
     Command(
         "cloudedge",
         bench_cloudedge.CLOUDEDGE_HELP,

@@ -3,6 +3,7 @@ frame that does not decode is dropped and counted, never raised into the service
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -10,6 +11,7 @@ from dataclasses import dataclass, field
 import zmq
 
 from asyncspec.cloudedge.protocol import Message, ProtocolError, decode, encode, peek_code, request_of
+from asyncspec.cloudedge.traffic_log import TrafficRecording
 
 HIGH_WATER_MARK = 10_000  # queued frames per socket before ZeroMQ applies back-pressure
 MAX_COUNTED_PEERS = 4096  # identities with a frame count of their own (the counters stay bounded)
@@ -32,6 +34,7 @@ class TrafficCounters:
     per_peer_received: Counter = field(default_factory=Counter)
     per_request_sent: Counter = field(default_factory=Counter)  # request id -> bytes
     per_request_received: Counter = field(default_factory=Counter)
+    recording: TrafficRecording | None = None  # every frame sent and decoded, when asked to record
 
     def as_dict(self) -> dict:
         return {
@@ -131,6 +134,8 @@ class Channel:
             return 0
         self.counters.sent_bytes[name] += len(frame)
         self.counters.sent_messages[name] += 1
+        if self.counters.recording is not None:
+            self.counters.recording.add("out", time.monotonic(), frame)
         request = request_of(message)
         if request is not None and (self.tracked is None or self.tracked(request, message)):
             self.counters.per_request_sent[request] += len(frame)
@@ -178,6 +183,8 @@ class Channel:
             self.counters.decoder_errors += 1
             return None
         name = type(message).__name__
+        if self.counters.recording is not None:
+            self.counters.recording.add("in", time.monotonic(), parts[-1])
         self.counters.received_bytes[name] += len(parts[-1])
         self.counters.received_messages[name] += 1
         request = request_of(message)

@@ -35,6 +35,7 @@ def add_cloudedge_arguments(bench) -> None:
     bench.add_argument("--check-tokens", type=int, help="greedy exactness check: tokens per request")
     bench.add_argument("--dtype", choices=["bf16", "fp32", "int8"], help="default: tiny fp32, qwen bf16")
     bench.add_argument("--seed", type=int, default=0)
+    bench.add_argument("--record-traffic", metavar="FILE", help="the cloud's frames, for `bench cloud` to replay")
     bench.add_argument("--out", default="out", help="folder for the JSON and PNGs")
     bench.add_argument("--json", metavar="FILE", help="JSON path (default: OUT/cloudedge.json)")
 
@@ -57,3 +58,20 @@ def add_correction_arguments(correction) -> None:
     correction.add_argument("--seed", type=int, default=0)
     correction.add_argument("--out", default="out")
     correction.add_argument("--json", metavar="FILE", help="JSON path (default: OUT/correction.json)")
+
+
+CLOUD_HELP = "the cloud verifier alone, replaying recorded edge traffic from M concurrent sessions"
+
+
+def add_cloud_arguments(bench) -> None:
+    bench.add_argument("--traffic", required=True, help="a recording from `serve cloud --record-traffic`")
+    bench.add_argument("--model", required=True, help="the target the traffic was recorded against")
+    bench.add_argument("--dtype", default="bf16", choices=["bf16", "fp32", "int8"])
+    bench.add_argument("--concurrency", type=int, default=4, help="sessions in flight at once")
+    bench.add_argument(
+        "--variant", action="append", metavar="NAME=ARGS",
+        help="a cloud to measure: NAME and its extra `serve cloud` arguments (repeatable; default: one, as is)",
+    )  # fmt: skip
+    bench.add_argument("--timeout", type=float, default=600.0, help="seconds per variant")
+    bench.add_argument("--out", default="out")
+    bench.add_argument("--json", metavar="FILE", help="JSON path (default: OUT/bench_cloud.json)")

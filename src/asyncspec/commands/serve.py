@@ -7,6 +7,7 @@ import json
 import signal
 import sys
 import threading
+from pathlib import Path
 
 from asyncspec.errors import InputError
 
@@ -24,6 +25,9 @@ def add_serve_arguments(serve: argparse.ArgumentParser) -> None:
     cloud.add_argument("--max-queue", type=int, default=1024, help="queued blocks before back-pressure")
     cloud.add_argument("--batch-wait-ms", type=float, default=0.0, help="wait for more blocks before a forward")
     cloud.add_argument("--metrics-port", type=int, metavar="PORT", help="Prometheus metrics on 127.0.0.1:PORT/metrics")
+    cloud.add_argument(
+        "--record-traffic", metavar="FILE", help="write every frame received and sent to FILE at exit (bench cloud)"
+    )
     _cloud_limits(cloud)
     _curve_options(cloud, server=True)
     _model_options(cloud)
@@ -192,6 +196,7 @@ def run_cloud(args) -> int:
     from asyncspec.cloudedge.auth import require_keys_off_loopback, server_keys
     from asyncspec.cloudedge.cloud import CloudConfig, CloudVerifier
     from asyncspec.cloudedge.cloud_metrics import serve_cloud_metrics
+    from asyncspec.cloudedge.traffic_log import TrafficRecording
 
     curve = _server_curve(args, server_keys)
     require_keys_off_loopback(args.bind, curve, "--curve-secret", args.allow_insecure)
@@ -211,6 +216,8 @@ def run_cloud(args) -> int:
     )
     cloud = CloudVerifier(target, config)
     attach_metrics(cloud)
+    if args.record_traffic:
+        cloud.traffic.recording = TrafficRecording()
     stop = StopFlag()
     secured = " (CURVE)" if curve else ""
     try:
@@ -221,6 +228,8 @@ def run_cloud(args) -> int:
         raise InputError(f"cannot bind {args.bind}: {error}") from error
     finally:
         _log_exit("cloud", cloud.summary())
+        if cloud.traffic.recording is not None:
+            cloud.traffic.recording.save(Path(args.record_traffic))
     return 0
 
 
