@@ -5,7 +5,8 @@ POST /v1/audio/transcriptions   multipart `file` (+ model, language, prompt, res
                                  the recording through Whisper's long-form algorithm, with segments
 POST /v1/audio/translations     the same, translated into English
 POST /v1/stream/transcriptions  the latest `seconds` of the live input, from the prepared state
-(both with `stream=true`: server-sent events as the text commits, ondemand/streamed.py)
+                                 (it and the uploads with `stream=true`: server-sent events as
+                                 the text commits, ondemand/streamed.py)
 GET  /v1/stream/status          ingestion, preparation, queue and memory
 GET  /metrics                   Prometheus metrics (ondemand/metrics.py)
 Errors use OpenAI's shape {"error": {"message", "type", "code"}}: 400 bad input (also uploads over
