@@ -73,8 +73,8 @@ class Job:
     arrived: float = field(default_factory=time.perf_counter)
     cancelled: threading.Event = field(default_factory=threading.Event)
     future: Future = field(default_factory=Future)
-    # uploads: called on the worker thread with each segment as it commits (a streamed response)
-    on_segment: Callable[[Any], None] | None = None
+    # streamed answers: called on the worker thread with each segment's or window's text as it commits
+    on_text: Callable[[str], None] | None = None
 
 
 @dataclass
@@ -215,22 +215,25 @@ class Engine:
             raise InputError(f"method {method!r} is not loaded in this service (start it with --method {method})")
         return method
 
-    def submit_upload(self, audio: np.ndarray | Upload, method: str | None, longform=None, on_segment=None) -> Job:
+    def submit_upload(self, audio: np.ndarray | Upload, method: str | None, longform=None, on_text=None) -> Job:
         """Decoded samples, or an Upload the worker decodes after admission; transcribed as a
         recording with `longform` (transcription.longform.LongformOptions; default: faster-whisper's,
-        the language detected where the model is multilingual). `on_segment(segment)`: called on
-        the worker thread as each segment commits."""
+        the language detected where the model is multilingual). `on_text(text)`: called on the
+        worker thread with each segment's text as it commits."""
         if isinstance(audio, Upload):
             upload, samples = audio, np.empty(0, dtype=np.float32)
         else:
             upload, samples = None, audio
         longform = longform or self.upload_options
         job = Job(self.check_method(method), samples, self.default_config, upload=upload, longform=longform)
-        job.on_segment = on_segment
+        job.on_text = on_text
         return self._submit(job)
 
-    def submit_live(self, seconds: float | None, method: str | None, config: DecodeConfig | None = None) -> Job:
-        """The latest `seconds` of the live input (the whole retained window by default), as received now."""
+    def submit_live(
+        self, seconds: float | None, method: str | None, config: DecodeConfig | None = None, on_text=None
+    ) -> Job:
+        """The latest `seconds` of the live input (the whole retained window by default), as received now.
+        `on_text(text)`: called on the worker thread with each window's text as it commits."""
         method = self.check_method(method)
         if seconds is not None and not 0 < seconds <= self.window.window_s:
             raise InputError(f"seconds must be in (0, {self.window.window_s:g}], got {seconds}")
@@ -239,6 +242,7 @@ class Engine:
             ended = self.ingestor is not None and self.ingestor.status.ended
             raise ServiceUnavailable("the input stream ended without audio" if ended else "no audio has arrived yet")
         job = Job(method, audio.copy(), config or self.default_config, live_version=version, live_end_s=end_s)
+        job.on_text = on_text
         return self._submit(job)
 
     def _submit(self, job: Job) -> Job:
@@ -295,13 +299,12 @@ class Engine:
         try:
             if job.longform is not None:
                 return self._transcribe_recording(job, started)
-            results = [self._decode(job, prepared) for prepared in windows]
+            results, text = self._decode_windows(job, windows)
         finally:
             self.busy = False
             if self.preparer is not None:
                 self.preparer.requests_idle.set()
         prepared = job.live_version is not None and windows[0].version == job.live_version
-        text = " ".join(self.target.tokenizer.decode(r.tokens).strip() for r in results).strip()
         return self._response(job, started, results, residual, text, len(windows), prepared)
 
     def _transcribe_recording(self, job: Job, started: float) -> Response:
@@ -316,8 +319,8 @@ class Engine:
         segments = []
         for segment in lazy:  # window by window, as the long-form loop commits them
             segments.append(segment)
-            if job.on_segment is not None:
-                job.on_segment(segment)
+            if job.on_text is not None:
+                job.on_text(segment.text)
         results = [w.chosen.result for w in info.windows]
         text = "".join(segment.text for segment in segments).strip()
         response = self._response(job, started, results, 0.0, text, len(info.windows), False)
@@ -328,6 +331,16 @@ class Engine:
         if method != job.method:
             response.notes.append(f"{job.method}: this service's drafts carry no audio time; decoded target-only")
         return response
+
+    def _decode_windows(self, job: Job, windows: list[PreparedWindow]) -> tuple[list[DecodeResult], str]:
+        """A live request's windows, each one's text handed to `on_text` as it commits; joined by spaces."""
+        results, texts = [], []
+        for prepared in windows:
+            results.append(self._decode(job, prepared))
+            texts.append(self.target.tokenizer.decode(results[-1].tokens).strip())
+            if job.on_text is not None:  # the space that joins it to the text before travels with it
+                job.on_text(texts[-1] if len(texts) == 1 else " " + texts[-1])
+        return results, " ".join(texts).strip()
 
     def _prepared_windows(self, job: Job) -> tuple[list[PreparedWindow], float]:
         """The request's windows, prepared: from the background when it prepared exactly this view,

@@ -5,6 +5,8 @@ POST /v1/audio/transcriptions   multipart `file` (+ model, language, prompt, res
                                  the recording through Whisper's long-form algorithm, with segments
 POST /v1/audio/translations     the same, translated into English
 POST /v1/stream/transcriptions  the latest `seconds` of the live input, from the prepared state
+                                 (it and the uploads with `stream=true`: server-sent events as
+                                 the text commits, ondemand/streamed.py)
 GET  /v1/stream/status          ingestion, preparation, queue and memory
 GET  /metrics                   Prometheus metrics (ondemand/metrics.py)
 Errors use OpenAI's shape {"error": {"message", "type", "code"}}: 400 bad input (also uploads over
@@ -31,16 +33,9 @@ from asyncspec.ondemand.engine import Engine, Job, QueueFull, RequestCancelled, 
 from asyncspec.ondemand.engine import Response as Transcription
 from asyncspec.ondemand.memory import memory_report
 from asyncspec.ondemand.metrics import ListenMetrics
-from asyncspec.ondemand.responses import (
-    GRANULARITY_FIELDS,
-    SUBTITLE_TYPES,
-    done_fields,
-    language_names,
-    longform_options,
-    render,
-)
+from asyncspec.ondemand.responses import GRANULARITY_FIELDS, done_fields, language_names, longform_options, render
 from asyncspec.ondemand.responses import response_format as parse_format
-from asyncspec.ondemand.streamed import stream_requested, streamed_upload
+from asyncspec.ondemand.streamed import stream_requested, streamed_answer
 
 MAX_UPLOAD_BYTES = 32 << 20  # ten minutes of 16-bit stereo at 16 kHz is 38 MB as WAV; compressed far less
 MAX_UPLOAD_S = 600.0  # ten minutes: longer uploads belong to the live input
@@ -75,11 +70,9 @@ def create_app(
         fmt = parse_format(fields.get("response_format"))
         longform = longform_options(fields, task, engine.upload_options, fmt)
         audio = Upload(data, fields.get("filename", "upload"), limits.max_seconds, limits.max_samples)
-        if stream_requested(fields.get("stream")):
-            if fmt in SUBTITLE_TYPES:
-                raise InputError("stream=true answers json, text or verbose_json, not subtitles")
-            submit = lambda on_segment: engine.submit_upload(audio, fields.get("method"), longform, on_segment)  # noqa: E731
-            return streamed_upload(request, submit, lambda result: done_fields(result, fmt))
+        if stream_requested(fields.get("stream"), fmt):
+            submit = lambda on_text: engine.submit_upload(audio, fields.get("method"), longform, on_text)  # noqa: E731
+            return streamed_answer(request, submit, lambda result: done_fields(result, fmt))
         job = engine.submit_upload(audio, fields.get("method"), longform)
         return render(await _finish(request, job), fmt)
 
@@ -93,9 +86,16 @@ def create_app(
 
     @app.post("/v1/stream/transcriptions")
     async def live(
-        request: Request, seconds: float | None = None, method: str | None = None, response_format: str = "json"
+        request: Request,
+        seconds: float | None = None,
+        method: str | None = None,
+        response_format: str = "json",
+        stream: str | None = None,
     ) -> Response:
         fmt = parse_format(response_format)
+        if stream_requested(stream, fmt):
+            submit = lambda on_text: engine.submit_live(seconds, method, on_text=on_text)  # noqa: E731
+            return streamed_answer(request, submit, lambda result: done_fields(result, fmt))
         job = engine.submit_live(seconds, method)
         return render(await _finish(request, job), fmt)
 
