@@ -126,9 +126,8 @@ def run(args) -> int:
         target, drafter = model_paths(config, Path(scratch))
         prompts = prompts_for(config)
         cloud_port = free_port()
-        cloud_args = ["serve", "cloud", "--model", target, "--dtype", config.dtype, "--threads", "1"]
-        if args.record_traffic:
-            cloud_args += ["--record-traffic", str(Path(args.record_traffic).resolve())]
+        record = ["--record-traffic", str(Path(args.record_traffic).resolve())] if args.record_traffic else []
+        cloud_args = ["serve", "cloud", "--model", target, "--dtype", config.dtype, "--threads", "1", *record]
         cloud = spawn_service([*cloud_args, "--bind", f"tcp://127.0.0.1:{cloud_port}"], Path(scratch) / "cloud.log")
         try:
             results = measure(config, cloud_port, drafter, prompts, Path(scratch), out / "cloudedge.partial.json")
