@@ -125,10 +125,7 @@ def run(args) -> int:
     with tempfile.TemporaryDirectory(prefix="asyncspec-bench-models-") as scratch:
         target, drafter = model_paths(config, Path(scratch))
         prompts = prompts_for(config)
-        cloud_port = free_port()
-        record = ["--record-traffic", str(Path(args.record_traffic).resolve())] if args.record_traffic else []
-        cloud_args = ["serve", "cloud", "--model", target, "--dtype", config.dtype, "--threads", "1", *record]
-        cloud = spawn_service([*cloud_args, "--bind", f"tcp://127.0.0.1:{cloud_port}"], Path(scratch) / "cloud.log")
+        cloud, cloud_port = _spawn_cloud(config, target, args.record_traffic, Path(scratch))
         try:
             results = measure(config, cloud_port, drafter, prompts, Path(scratch), out / "cloudedge.partial.json")
         finally:
@@ -137,15 +134,7 @@ def run(args) -> int:
     kept = [r for r in results if r["exact"] is not False]  # a mismatched run is never part of a figure
     summary = report.comparisons(kept)
     tables = report.table_ii(kept)
-    print(report.format_results(kept))
-    print()
-    print("95 % intervals over requests (mean [lo, hi]; tok/s: requests x mean per-request rate)")
-    print(report.format_intervals(kept))
-    print()
-    print(report.format_comparisons(summary))
-    print()
-    print(report.format_table_ii(tables))
-    print()
+    print(report.format_all(kept, summary, tables))
     for result in results:
         if result["exact"] is False:
             print(f"left out of every figure (output differs from target-only): {run_name(result)}")
@@ -262,6 +251,14 @@ def check_size(config: BenchConfig, temperature: float | None = None) -> dict:
     if temperature <= 0 or not needs_greedy_check(config, temperature):
         return {"requests": config.requests, "max_new_tokens": config.max_new_tokens}
     return {"requests": config.check_requests, "max_new_tokens": config.check_tokens}
+
+
+def _spawn_cloud(config, target: str, record: str | None, scratch: Path):
+    """`serve cloud` for the runs on a free port, and the port; with `record`, it records its traffic there."""
+    port = free_port()
+    extra = ["--record-traffic", str(Path(record).resolve())] if record else []
+    args = ["serve", "cloud", "--model", target, "--dtype", config.dtype, "--threads", "1", *extra]
+    return spawn_service([*args, "--bind", f"tcp://127.0.0.1:{port}"], scratch / "cloud.log"), port
 
 
 def run_name(result: dict) -> str:

@@ -156,6 +156,13 @@ def interval_text(spread: dict | None, digits: int = 3) -> str:
     return f"{spread['mean']:.{digits}f} [{spread['lo']:.{digits}f}, {spread['hi']:.{digits}f}]"
 
 
+def format_all(kept: list[dict], summary: dict, tables: dict) -> str:
+    """Every table the run prints: results, intervals, comparisons, Table II."""
+    intervals = "95 % intervals over requests (mean [lo, hi]; tok/s: requests x mean per-request rate)"
+    parts = [format_results(kept), f"{intervals}\n{format_intervals(kept)}", format_comparisons(summary)]
+    return "\n\n".join([*parts, format_table_ii(tables)]) + "\n"
+
+
 def format_results(results: list[dict]) -> str:
     header = (
         f"{'scale':>5} {'T':>4} {'profile':<7} {'method':<21} {'tok/s':>7} {'e2e':>7} {'e2e95':>7} {'ttft':>7} "
