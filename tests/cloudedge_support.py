@@ -299,3 +299,42 @@ class ShapedDrafter:
 
     def greedy(self, logits):
         return self.base.greedy(logits)
+
+
+def invalidated_from_frames(frames, prompts, results) -> int:
+    """Blocks the edge sent and dropped, counted from the link record alone (not from its stats):
+    each request's decode is replayed from its frames, from its first block along the verdicts
+    (the next block used is the one drafted from the prefix a verdict confirmed: base + accepted
+    + 1, its root the verdict's token) until its output is complete; every other block sent was
+    dropped. Requests are told apart by their Open's prompt (`prompts[i]` gave `results[i]`)."""
+    blocks: dict[int, list] = {}  # request -> blocks in the order sent
+    verdicts: dict = {}  # block id -> its first greedy verdict
+    length: dict[int, int] = {}  # request -> its output's length
+    for direction, _, frame in frames:
+        try:
+            message = wire.decode(frame)
+        except wire.ProtocolError:
+            continue
+        if direction == "up" and isinstance(message, wire.Open):
+            prompt = wire.unpack_ids(message.tokens)[: message.prompt_len]
+            i = next(i for i, p in enumerate(prompts) if list(p)[: len(prompt)] == prompt)
+            length[message.request] = len(results[i]["tokens"])
+        elif direction == "up" and isinstance(message, wire.Block):
+            sent = blocks.setdefault(message.id.request, [])
+            if message not in sent:  # a block resent whole is one block
+                sent.append(message)
+        elif direction == "down" and isinstance(message, wire.Verdict) and message.token >= 0:
+            verdicts.setdefault(message.id, message)
+    dropped = 0
+    for request, sent in blocks.items():
+        used, block, generated = 1, sent[0], 0
+        while True:
+            verdict = verdicts[block.id]
+            generated += verdict.accepted + 1
+            if generated >= length[request]:
+                break
+            base = block.id.base + verdict.accepted + 1
+            block = next(b for b in sent if b.id.base == base and b.root == verdict.token)
+            used += 1
+        dropped += len(sent) - used
+    return dropped

@@ -19,6 +19,7 @@ from asyncspec.ondevice.accounting import account, merge
 from asyncspec.ondevice.align import realign
 from asyncspec.ondevice.buffer import CandidateBuffer, PublishedBatch
 from asyncspec.ondevice.chunking import chunk_bounds
+from asyncspec.ondevice.messages import Done
 from conftest import synthetic_speech, tiny_causal, tiny_whisper
 
 
@@ -272,4 +273,25 @@ def test_the_producer_starts_when_the_request_arrives_before_the_target_prefills
     result = METHODS["as2d"](RecordingTarget(), RecordingProducer(truth), request, DecodeConfig())
     assert events == ["producer start", "target prefill"]
     assert result.tokens == truth
-    assert result.stats.as2d.producer_messages_before_end == 0
+
+
+@pytest.mark.parametrize("told_mid_decode", [False, True])
+def test_commands_the_producer_read_before_the_end_are_counted(told_mid_decode):
+    """The worker's log of what it read (its Done) is counted against the decode's end: a Stop read
+    after the end counts 0, one read mid-decode counts 1 (a scripted producer reports either; the
+    real worker's order is test_decoupling.py's)."""
+    target, request, truth = whisper_case(1)
+
+    class Reporting(ScriptedProducer):
+        def start(self, audio):
+            self.began = time.perf_counter()
+            return super().start(audio)
+
+        def finish(self, buffer):
+            after = time.perf_counter()
+            told = self.began if told_mid_decode else after
+            buffer.accept(Done(buffer.request_id, after, (("start", self.began), ("stop", told))))
+
+    result = METHODS["as2d"](target, Reporting(truth), request, DecodeConfig())
+    assert result.tokens == truth
+    assert result.stats.as2d.producer_messages_before_end == int(told_mid_decode)

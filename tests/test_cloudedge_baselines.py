@@ -17,7 +17,7 @@ from asyncspec.cloudedge.policy import EdgePolicy
 from asyncspec.decoding.target_only import decode_target_only
 from asyncspec.errors import InputError
 from asyncspec.models.base import DecodeRequest
-from cloudedge_support import model_pair, open_block_violations, run_requests, services
+from cloudedge_support import invalidated_from_frames, model_pair, open_block_violations, run_requests, services
 from frame_proxy import FrameProxyConfig
 
 BASE = EdgePolicy(block_size=4, dead_after_s=2.0, give_up_s=30.0, correction=CorrectionPolicy(k_schedule=(4, 16)))
@@ -68,12 +68,12 @@ def test_every_method_reproduces_target_only_greedy(pair, method):
         assert two_open, "runahead never had two blocks of one request open"
         assert counters.max_open_blocks > 1
         assert counters.invalidated_blocks > 0  # the tiny drafter is wrong often enough
-        assert counters.invalidated_blocks == sum(r["stats"]["invalidated_blocks"] for r in results)
+        assert counters.invalidated_blocks == invalidated_from_frames(frames, prompts, results)  # apart, from the wire
         assert counters.promoted_blocks > 0  # and right often enough for runahead to pay sometimes
     else:
         assert two_open == []
         assert counters.max_open_blocks == 1
-        assert counters.invalidated_blocks == 0
+        assert counters.invalidated_blocks == 0 == invalidated_from_frames(frames, prompts, results)
     assert counters.open_block_violations == 0
 
 
@@ -184,7 +184,7 @@ def test_rejections_are_settled_in_the_verdict_and_rounds_are_counted(sampling_p
     attachment every exact correction costs at least one. Rounds are counted per mode."""
     prompts, lengths = workload(4)
     sampling = [wire.Sampling(1.0, seed) for seed in range(4)]
-    settled, _, _, cloud = run_method(sampling_pair, "asymspec", prompts, lengths, sampling)
+    settled, frames, _, cloud = run_method(sampling_pair, "asymspec", prompts, lengths, sampling)
     modes = [r["stats"]["corrections"] for r in settled]
     corrections = sum(m["cloud"] + m["exact"] + m["full"] + sum(m["topk"].values()) for m in modes)
     # the tiny drafter's q is spread thin (q(rejected) small), so the cloud's bound rarely decides here;
@@ -192,6 +192,8 @@ def test_rejections_are_settled_in_the_verdict_and_rounds_are_counted(sampling_p
     assert corrections > 0 and sum(m["cloud"] for m in modes) == cloud.settled_in_verdict
     assert sum(m["in_verdict"] for m in modes) > corrections // 2
     assert sum(m["queries"] for m in modes) == sum(sum(m["rounds"].values()) for m in modes)
+    on_wire = [d for d, _, f in frames if d == "up" and isinstance(wire.decode(f), wire.CorrectionQuery)]
+    assert sum(m["queries"] for m in modes) == len(on_wire)  # counted apart: the queries the link carried
     assert all(m["rounds"].get("cloud", 0) == 0 for m in modes)
 
     no_attachment = replace(BASE, correction=replace(BASE.correction, verdict_proposals=0))

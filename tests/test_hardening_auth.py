@@ -80,11 +80,22 @@ def test_the_authorised_edge_is_served_exactly_over_curve(pair, keys, curve_clou
 
 
 def test_a_peer_with_the_wrong_curve_key_is_refused(keys, curve_cloud):
-    address, _ = curve_cloud
-    assert ping_answered(address, client_keys(keys / "edge.key_secret", keys / "cloud.key"))
+    """Refused, not slow: after the three unanswered Pings an admitted one is answered, and the
+    cloud's own counters have received only the two admitted frames (the control that counts)."""
+    address, cloud = curve_cloud
+    admitted = client_keys(keys / "edge.key_secret", keys / "cloud.key")
+
+    def heard() -> tuple[int, int]:  # Pings served, frames received (the module's cloud served tests before)
+        return cloud.counters.pings, sum(cloud.traffic.per_peer_received.values())
+
+    before = heard()
+    assert ping_answered(address, admitted)
+    assert heard() == (before[0] + 1, before[1] + 1)
     assert not ping_answered(address, client_keys(keys / "intruder.key_secret", keys / "cloud.key"))  # not admitted
     assert not ping_answered(address, client_keys(keys / "edge.key_secret", keys / "intruder.key"))  # wrong server
     assert not ping_answered(address, None)  # no CURVE at all
+    assert ping_answered(address, admitted)
+    assert heard() == (before[0] + 2, before[1] + 2)
 
 
 def test_another_connections_request_id_gets_a_nack(pair):
@@ -98,10 +109,12 @@ def test_another_connections_request_id_gets_a_nack(pair):
         owner.replies(until=lambda m: isinstance(m, wire.Pong))
         intruder.send_message(wire.Close(123))
         intruder.send_message(wire.Block(wire.BlockId(123, 3, 1, wire.Sampling().digest()), 5, wire.pack_ids([6]), b""))
-        nacks = intruder.replies(timeout_s=1.0)
+        intruder.send_message(wire.Ping(0.0))  # answered after both: what came before it is all there is
+        *nacks, pong = intruder.replies(timeout_s=30.0, until=lambda m: isinstance(m, wire.Pong))
     finally:
         owner.close(), intruder.close()
         thread.close()
+    assert isinstance(pong, wire.Pong)
     assert [n.reason for n in nacks] == ["invalid", "invalid"] and "another connection" in nacks[0].detail
     assert 123 in cloud.requests and cloud.counters.foreign_requests == 2  # the owner's request lives on
 

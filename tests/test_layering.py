@@ -130,3 +130,22 @@ def test_building_the_command_line_imports_no_torch():
     env = {"PYTHONPATH": str(PACKAGE.parent)}
     output = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, check=True)
     assert output.stdout.strip() == "False"
+
+
+def test_markers_are_strict_and_every_marker_used_is_registered():
+    """An unknown marker is a collection error (`--strict-markers`), so a typo cannot silently
+    deselect or select tests; every marker the tests use is a registered one or pytest's own."""
+    import re
+    import tomllib
+
+    config = tomllib.loads((PACKAGE.parents[1] / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]
+    assert "--strict-markers" in config["addopts"].split()
+    registered = {line.split(":")[0].strip() for line in config["markers"]}
+    builtin = {"parametrize", "skipif", "skip", "xfail", "usefixtures", "filterwarnings", "timeout"}
+    used = {
+        m
+        for path in (PACKAGE.parents[1] / "tests").glob("*.py")
+        for m in re.findall(r"pytest\.mark\.(\w+)", path.read_text())
+    }
+    assert used - builtin <= registered, used - builtin - registered
+    assert {"real", "qwen"} <= registered

@@ -29,10 +29,11 @@ from cloudedge_support import wait_until
 
 TOLERANCE = 0.10
 # A shaped link may be no faster than its profile (within TOLERANCE), but a loaded 2-core machine
-# only ever adds time: seconds up to this share over, rates down to this share under, still pass
-# (measured: 130 ms expected, 148 ms during a full test run). A delay left out, or a rate off by 2x,
-# still fails.
-LOADED_SLACK = 0.4
+# only ever adds time: seconds up to this share over, rates down to 1 / (1 + this), still pass
+# (measured: 130 ms expected, 148 ms during a full test run; at load 4, two make runs on 2 cores,
+# the proxy's thread gets about half a core). A delay left out or applied twice, or a rate off by
+# 2x, still fails.
+LOADED_SLACK = 0.75
 
 
 def paced_like(seconds: float, expected: float) -> bool:
@@ -40,7 +41,7 @@ def paced_like(seconds: float, expected: float) -> bool:
 
 
 def rate_like(mbit: float, expected: float) -> bool:
-    return expected * (1 - LOADED_SLACK) <= mbit <= expected * (1 + TOLERANCE)
+    return expected / (1 + LOADED_SLACK) <= mbit <= expected * (1 + TOLERANCE)
 
 
 class OneShotServer:
@@ -160,7 +161,7 @@ def test_kernel_shaper_commands_classify_by_service_port():
     if not kernel_shaping_available():
         with pytest.raises(InputError, match="needs root"):
             KernelShaper(resolve_profile("weak"), target_port=5555)
-        return
+        pytest.skip("kernel shaping needs root and tc: its refusal was checked, its tc commands were not")
     shaper = KernelShaper(resolve_profile("weak", scale=10), target_port=5555)
     commands = [" ".join(c) for c in shaper.commands()]
     assert "htb rate 5000000bit ceil 5000000bit burst 131072" in commands[1]
