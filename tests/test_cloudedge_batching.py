@@ -18,7 +18,7 @@ from asyncspec.cloudedge.cloud_state import CloudCounters
 from asyncspec.models.base import DecodeRequest
 from asyncspec.models.selftest import check_invariance
 from cloudedge_support import model_pair
-from conftest import tiny_causal
+from conftest import requires_qwen_05b, tiny_causal
 
 
 class RecordingChannel:
@@ -184,6 +184,20 @@ def test_the_batch_check_passes_on_the_engine(dtype):
     batching = Batching.chosen(report, 4, torch.get_num_threads())  # the cloud's cap below the checked one
     assert (batching.mode, batching.most_blocks) == (STACKED, 4)
     assert Batching.chosen(report, 8, torch.get_num_threads() + 1).mode == PER_REQUEST  # checked at another count
+
+
+@pytest.mark.qwen
+@requires_qwen_05b
+@pytest.mark.parametrize("dtype", ["bf16", "int8"])
+def test_the_batch_check_passes_on_real_qwen_05b(dtype):
+    """The whole real model, stacked up to 8 blocks (in int8 rows are invariant at any width by
+    construction: per-row activation scales, integer sums; this checks the rest of the model too)."""
+    from asyncspec.models.offline import prepare
+    from asyncspec.models.registry import load_decoder
+
+    prepare("qwen2.5-coder-0.5b")
+    report = check_invariance(load_decoder("qwen2.5-coder-0.5b", dtype), stacked_blocks=8)
+    assert report.passed and report.stacked_equal, report.summary()
 
 
 @pytest.fixture
