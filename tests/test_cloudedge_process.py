@@ -61,7 +61,8 @@ def test_serve_cloud_edge_client_and_openai_api(pair_dirs):
         "--http", f"127.0.0.1:{port}", "--dtype", "fp32", "--block-size", "5",
     )  # fmt: skip
     try:
-        assert "ready" in wait_ready(cloud)
+        ready = wait_ready(cloud)  # the batching mode and why: the self-test's batch check passed here
+        assert "ready" in ready and "batching stacked: self-test batch check passed" in ready, ready
         assert "ready" in wait_ready(edge)
         expected = _reference(target_dir, PROMPT, 24)
 
@@ -99,7 +100,7 @@ def test_serve_cloud_edge_client_and_openai_api(pair_dirs):
         cloud_rc, cloud_log = stop_process(cloud)
     assert edge_rc == 0 and "counters" in edge_log, edge_log
     assert cloud_rc == 0 and "counters" in cloud_log, cloud_log
-    assert '"batches"' in cloud_log
+    assert '"batches"' in cloud_log and '"mode": "stacked"' in cloud_log
 
 
 def test_cloud_killed_and_restarted_mid_run(pair_dirs):

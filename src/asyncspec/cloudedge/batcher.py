@@ -4,16 +4,68 @@ Blocks of every request go into one FIFO queue however they arrived. A duplicate
 is answered once (to the newest socket it came from); a different block at a queued block's
 position replaces it (a runahead edge discarded the queued one); a full queue answers "busy". A
 batch takes up to `max_batch` blocks, never two of one request (the later waits for the next
-step), and only blocks the verifier says it can serve now."""
+step), and only blocks the verifier says it can serve now.
+
+The batch then goes through the target in one of two ways (`Batching`): "stacked", every block
+of the step in wide calls of up to `most_blocks` blocks of 8 rows, where the invariance
+self-test's batch check found such calls bitwise equal to a call per request on this machine,
+dtype and thread count; else "per-request", one call (or more, for a long block) per request."""
 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+
+import torch
 
 from asyncspec.cloudedge import protocol as wire
+from asyncspec.models.base import DecoderState
+from asyncspec.models.fixed_shape import cut_into_stacks, stack_sizes
+from asyncspec.models.kv_backend import KVBackend
+from asyncspec.models.selftest import InvarianceReport
 
 Admission = str  # "queued", "duplicate", "superseded" or "busy"
+STACKED, PER_REQUEST = "stacked", "per-request"
+
+
+@dataclass(frozen=True)
+class Batching:
+    mode: str  # STACKED or PER_REQUEST
+    most_blocks: int  # blocks one call may stack (1: per request)
+    why: str
+
+    @classmethod
+    def chosen(cls, report: InvarianceReport, max_stack: int, threads: int) -> Batching:
+        """Stacked only where the target's batch check proved calls of that many blocks."""
+        if max_stack < 2:
+            return cls(PER_REQUEST, 1, f"stacking off (max_stack {max_stack})")
+        proven = min(report.stacking(threads), max_stack)
+        if proven >= 2:
+            calls = ", ".join(str(n) for n in stack_sizes(proven))
+            return cls(
+                STACKED, proven, f"self-test batch check passed: calls of {calls} blocks equal per-request calls"
+            )
+        if not report.stacked_equal:
+            return cls(PER_REQUEST, 1, f"self-test batch check FAILED: {report.stacked_difference or report.summary()}")
+        return cls(PER_REQUEST, 1, f"batch check ran at {report.threads} thread(s), this cloud runs {threads}")
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+    def line(self) -> str:
+        return f"batching {self.mode}: {self.why}"
+
+    def extend(
+        self, target: KVBackend, states: Sequence[DecoderState], inputs: Sequence[Sequence[int]]
+    ) -> tuple[list[torch.Tensor], int]:
+        """Each state extended by its input: (the logits of each, the wide calls it took)."""
+        if self.mode != STACKED:
+            return [target.extend(state, tokens) for state, tokens in zip(states, inputs, strict=True)], 0
+        width = target.call_width or 1
+        blocks = sum(-(-len(tokens) // width) for tokens in inputs)
+        wide = sum(1 for count in cut_into_stacks(blocks, self.most_blocks) if count > 1)
+        return target.extend_stacked(states, inputs, self.most_blocks), wide
 
 
 class BlockQueue:

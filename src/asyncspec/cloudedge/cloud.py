@@ -3,10 +3,9 @@ many requests as one batch step (seed 002 §IV-C2) and answers each block.
 
 Loop: drain the ROUTER socket (Open / Block / CorrectionQuery / Close / Ping) -> blocks go to one
 global queue regardless of how they arrived -> `run_batch` takes up to `max_batch` of them (one
-per request), checks each against its request's confirmed prefix, extends each request's KV with
-its own fixed-shape call (a request's rows never depend on which requests share the step, so every
-verdict equals target-only decoding; docs/exactness.md measures the alternative of fixed batch
-slots), decides, crops the rejected positions, replies.
+per request), checks each against its request's confirmed prefix, extends every request's KV
+(batcher.Batching: stacked calls where proven bitwise equal to a call per request, so every
+verdict equals target-only decoding), decides, crops the rejected positions, replies.
 
 Idempotence: every reply is cached under its block id (and correction range); a duplicate or
 late retransmission is answered from the cache byte for byte — nothing is sampled twice. The
@@ -28,7 +27,7 @@ import zmq
 from asyncspec.cloudedge import limits, validation, verdicts
 from asyncspec.cloudedge import protocol as wire
 from asyncspec.cloudedge.auth import CurveKeys, start_authenticator
-from asyncspec.cloudedge.batcher import BlockQueue
+from asyncspec.cloudedge.batcher import Batching, BlockQueue
 from asyncspec.cloudedge.cloud_state import CloudConfig, CloudCounters, CloudRequest, PendingOpen, reply_key
 from asyncspec.cloudedge.transport import Channel, TrafficCounters, make_socket
 from asyncspec.models.hf_causal import CausalLMBackend
@@ -39,9 +38,10 @@ __all__ = ["CloudConfig", "CloudRequest", "CloudVerifier"]
 
 class CloudVerifier:
     def __init__(self, target: CausalLMBackend, config: CloudConfig | None = None):
-        require_invariant(target, "the cloud verifier")  # every verdict must equal target-only decoding
-        self.target = target
         self.config = config or CloudConfig()
+        report = require_invariant(target, "the cloud verifier", self.config.max_stack)
+        self.batching = Batching.chosen(report, self.config.max_stack, torch.get_num_threads())
+        self.target = target
         self.instance = random.getrandbits(31)
         self.requests: dict[int, CloudRequest] = {}
         self.queue = BlockQueue(self.config.max_queue)
@@ -352,8 +352,9 @@ class CloudVerifier:
         requests = [self.requests[block.id.request] for _, block in batch]
         inputs = [[block.root, *wire.unpack_ids(block.candidates)] for _, block in batch]
         start = time.perf_counter()
-        all_logits = [self.target.extend(r.state, tokens) for r, tokens in zip(requests, inputs, strict=True)]
+        all_logits, wide_calls = self.batching.extend(self.target, [r.state for r in requests], inputs)
         self.counters.forward_s += time.perf_counter() - start
+        self.counters.wide_calls += wide_calls
         self.counters.batches += 1
         self.counters.batched_blocks += len(batch)
         self.counters.largest_batch = max(self.counters.largest_batch, len(batch))
@@ -389,6 +390,7 @@ class CloudVerifier:
     def summary(self) -> dict:
         return {
             "cloud": self.counters.as_dict(),
+            "batching": self.batching.as_dict(),
             "traffic": self.traffic.as_dict(),
             "open_requests": len(self.requests) + len(self.opening),
             "kv_reserved_bytes": self.quota.kv_reserved,

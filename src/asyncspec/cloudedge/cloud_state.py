@@ -19,7 +19,10 @@ from asyncspec.models.base import DecoderState
 
 @dataclass(frozen=True)
 class CloudConfig:
-    max_batch: int = 32  # blocks per target forward
+    max_batch: int = 32  # blocks per batch step
+    # blocks (8 rows each) stacked into one target call where the self-test's batch check proved
+    # such calls bitwise equal to a call per request (checked at 2, 4, ... this many); 1: never
+    max_stack: int = 8
     max_queue: int = 1024  # queued blocks before new ones get Nack("busy")
     batch_wait_s: float = 0.0  # wait up to this long for more blocks before a forward (0: form from what is queued)
     decision_cache: int = 65_536  # cached replies for duplicates and retransmissions
@@ -67,6 +70,7 @@ class CloudCounters:
     refused_opens: int = 0  # new requests beyond the open-request limits (Nack "full")
     settled_in_verdict: int = 0  # compact-uplink rejections the cloud settled by exact recovery itself
     forward_s: float = 0.0
+    wide_calls: int = 0  # target calls that stacked several blocks (batching "stacked")
 
     def as_dict(self) -> dict:
         out = dict(self.__dict__)

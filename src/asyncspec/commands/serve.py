@@ -21,7 +21,13 @@ def add_serve_arguments(serve: argparse.ArgumentParser) -> None:
     cloud.set_defaults(handler="commands.serve:run_cloud")
     cloud.add_argument("--model", default="qwen2.5-coder-1.5b", help="target: registered name, directory or HF id")
     cloud.add_argument("--bind", default="tcp://127.0.0.1:5555")
-    cloud.add_argument("--max-batch", type=int, default=32, help="blocks per batch step (one fixed-shape call each)")
+    cloud.add_argument("--max-batch", type=int, default=32, help="blocks per batch step")
+    cloud.add_argument(
+        "--max-stack",
+        type=int,
+        default=8,
+        help="blocks stacked into one target call where the self-test's batch check passes (1: a call per request)",
+    )
     cloud.add_argument("--max-queue", type=int, default=1024, help="queued blocks before back-pressure")
     cloud.add_argument("--batch-wait-ms", type=float, default=0.0, help="wait for more blocks before a forward")
     cloud.add_argument("--metrics-port", type=int, metavar="PORT", help="Prometheus metrics on 127.0.0.1:PORT/metrics")
@@ -204,6 +210,7 @@ def run_cloud(args) -> int:
     target = _load(args.model, args.dtype)
     config = CloudConfig(
         max_batch=args.max_batch,
+        max_stack=args.max_stack,
         max_queue=args.max_queue,
         batch_wait_s=args.batch_wait_ms / 1000,
         max_block=args.max_block,
@@ -220,10 +227,9 @@ def run_cloud(args) -> int:
         cloud.traffic.recording = TrafficRecording()
     stop = StopFlag()
     secured = " (CURVE)" if curve else ""
+    ready = f"asyncspec cloud ready on {args.bind}{secured} (model {args.model}; {cloud.batching.line()})"
     try:
-        cloud.serve(
-            args.bind, stop, _ready(f"asyncspec cloud ready on {args.bind}{secured} (model {args.model})"), curve
-        )
+        cloud.serve(args.bind, stop, _ready(ready), curve)
     except zmq.ZMQError as error:
         raise InputError(f"cannot bind {args.bind}: {error}") from error
     finally:

@@ -62,7 +62,7 @@ def record_cross_attention(slots: Sequence[Any], layer: int, weights: torch.Tens
     into its own request's record, at its position (rows of requests without a record: nothing)."""
     for row, slot in enumerate(slots):
         record = slot.cache.attention
-        if record is None or layer not in record.by_layer:
+        if record is None or not slot.real or layer not in record.by_layer:
             continue
         column, heads = record.by_layer[layer]
         record.weights[slot.position, column : column + len(heads)] = weights[heads, row]

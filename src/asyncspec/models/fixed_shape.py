@@ -12,7 +12,11 @@ call has one shape, whatever it carries:
 - attention of the row at position p runs over exactly the slots 0..p, one row at a time, so its
   shapes depend on p alone (and its cost on the real context, not on the cache's size);
 - the output projection runs over all rows of a decoding block; of a prompt block, only the rows
-  whose logits are read are projected, gathered into calls of `width` rows.
+  whose logits are read are projected, gathered into calls of `width` rows;
+- one exception, the cloud's stacked calls (`run_stacked`): several requests' blocks, each padded
+  as in a call of its own, side by side in a call of 2, 4, 8 ... blocks. Its linears see a wider
+  call, so it is used only where the self-test's batch check found every block's rows bitwise
+  those of its own call (models/selftest.py).
 
 Rollback only moves the length pointer: a slot past it is rewritten before any row can see it.
 """
@@ -66,10 +70,14 @@ class StaticKV:
 @dataclass(frozen=True)
 class RowSlot:
     """Where one row of a call lives: its request's cache and its position in that request. The
-    rows of one call may belong to different requests (a window's fallback draws share a call)."""
+    rows of one call may belong to different requests (a window's fallback draws share a call).
+    A padding row inside a call (`real` False: a stacked call's padded block, `run_stacked`) holds
+    its block's last real position, as the padding after a call's real rows does: nothing of it is
+    written or attended."""
 
     cache: StaticKV
     position: int
+    real: bool = True
 
 
 def block_slots(cache: StaticKV, start: int, real_rows: int) -> list[RowSlot]:
@@ -77,11 +85,19 @@ def block_slots(cache: StaticKV, start: int, real_rows: int) -> list[RowSlot]:
     return [RowSlot(cache, start + row) for row in range(real_rows)]
 
 
+def padded_block_slots(cache: StaticKV, start: int, real_rows: int, width: int) -> list[RowSlot]:
+    """`block_slots`, then padding rows up to `width` at the last real position: every row of a block
+    in a stacked call where `row_positions` would put it in a call of its own."""
+    padding = RowSlot(cache, start + real_rows - 1, real=False)
+    return block_slots(cache, start, real_rows) + [padding] * (width - real_rows)
+
+
 def write_rows(layer_tensors: Sequence[torch.Tensor], slots: Sequence[RowSlot], rows: torch.Tensor) -> None:
     """Each real row's [H_kv, D_h] of rows [H_kv, W, D_h] into layer_tensors[row] (its request's
     cache tensor of this layer and kind) at its own position."""
     for row, (tensor, slot) in enumerate(zip(layer_tensors, slots, strict=True)):
-        tensor[:, slot.position] = rows[:, row].to(ATTENTION_DTYPE)
+        if slot.real:
+            tensor[:, slot.position] = rows[:, row].to(ATTENTION_DTYPE)
 
 
 def attend_causal(
@@ -99,6 +115,8 @@ def attend_causal(
     heads, width, head_dim = queries.shape
     out = torch.zeros(width, heads * head_dim, dtype=ATTENTION_DTYPE)
     for row, slot in enumerate(slots):
+        if not slot.real:
+            continue  # a padding row: zeros, as past the real rows
         visible, kv_heads = slot.position + 1, keys[row].shape[0]
         # a fresh contiguous copy: the query's memory layout never depends on its row index
         q = queries[:, row].to(ATTENTION_DTYPE, copy=True).view(kv_heads, heads // kv_heads, head_dim)
@@ -148,6 +166,25 @@ class BlockForward(Protocol):
         """ids long [W], the first len(slots) real (row i at slots[i]), the rest padding -> final
         hidden states [W, D]; writes each real row's keys/values into its cache at its position."""
         ...
+
+
+def stack_sizes(most_blocks: int) -> list[int]:
+    """The blocks a stacked call may hold: 2, 4, 8, ... up to `most_blocks`. The invariance
+    self-test's batch check runs exactly these widths, and `run_stacked` makes no other."""
+    sizes = [2]
+    while sizes[-1] * 2 <= most_blocks:
+        sizes.append(sizes[-1] * 2)
+    return sizes if most_blocks >= 2 else []
+
+
+def cut_into_stacks(blocks: int, most_blocks: int) -> list[int]:
+    """Blocks per call for `blocks` blocks: the largest stack size that fits, again and again; a
+    lone block left over is a call of its own (the per-request shape)."""
+    sizes, calls = [1, *stack_sizes(most_blocks)], []
+    while blocks:
+        calls.append(max(size for size in sizes if size <= blocks))
+        blocks -= calls[-1]
+    return calls
 
 
 @dataclass(frozen=True)
@@ -215,6 +252,33 @@ class FixedShapeEngine:
             ids = torch.tensor(chunk + [self.pad_id] * (width - len(chunk)))
             rows.append(self.project(self.forward(slots[offset : offset + width], ids))[: len(chunk)])
         return torch.cat(rows) if len(rows) > 1 else rows[0]
+
+    def run_stacked(self, parts: Sequence[tuple[StaticKV, int, Sequence[int]]], most_blocks: int) -> list[torch.Tensor]:
+        """For each part (a request's cache, its start, its tokens): the logits [len(tokens), V] that
+        `run` computes, its tokens cut into the same blocks of `width` rows padded the same way, but
+        the blocks of all parts stacked into calls of 2, 4, ... `most_blocks` blocks (`cut_into_stacks`).
+        Embeddings, norms and attention are per row; the linears see a call `width` x blocks rows
+        wide. So this is bitwise `run` only where the invariance self-test's batch check passed.
+        Parts must hold distinct caches; a part's later blocks are never in an earlier call, and
+        inside one call they read its earlier blocks' keys/values, written layer by layer first."""
+        width = self.shape.width
+        blocks = [
+            (index, cache, start + offset, list(tokens[offset : offset + width]))
+            for index, (cache, start, tokens) in enumerate(parts)
+            for offset in range(0, len(tokens), width)
+        ]
+        rows: list[list[torch.Tensor]] = [[] for _ in parts]
+        done = 0
+        for count in cut_into_stacks(len(blocks), most_blocks):
+            stack, done = blocks[done : done + count], done + count
+            slots = [
+                slot for _, cache, start, chunk in stack for slot in padded_block_slots(cache, start, len(chunk), width)
+            ]
+            ids = [token for *_, chunk in stack for token in chunk + [self.pad_id] * (width - len(chunk))]
+            logits = self.project(self.forward(slots, torch.tensor(ids)))
+            for at, (index, *_, chunk) in enumerate(stack):
+                rows[index].append(logits[at * width : at * width + len(chunk)])
+        return [torch.cat(part) if len(part) > 1 else part[0] for part in rows]
 
     def _block(self, cache: StaticKV, start: int, chunk: list[int], width: int) -> torch.Tensor:
         ids = torch.tensor(chunk + [self.pad_id] * (width - len(chunk)))

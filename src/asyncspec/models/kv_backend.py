@@ -197,6 +197,29 @@ class KVBackend:
             rows.append(row[-1])
         return rows
 
+    @torch.inference_mode()
+    def extend_stacked(
+        self, states: Sequence[DecoderState], token_lists: Sequence[Sequence[int]], most_blocks: int
+    ) -> list[torch.Tensor]:
+        """`extend(states[i], token_lists[i])` for every i, the requests' blocks stacked into calls
+        of up to `most_blocks` blocks (FixedShapeEngine.run_stacked). Bitwise what `extend` returns
+        only where the invariance self-test's batch check passed for this target at that many
+        blocks (selftest.InvarianceReport.stacking): the caller asks it first."""
+        if self.engine is None:
+            raise TypeError("extend_stacked needs the fixed-shape engine")
+        if len({id(state.cache) for state in states}) != len(states):
+            raise ValueError("extend_stacked takes each request once")
+        lists = [[int(t) for t in tokens] for tokens in token_lists]
+        for state, tokens in zip(states, lists, strict=True):
+            self._check_tokens(state, tokens)
+        parts = [(state.cache, state.length, tokens) for state, tokens in zip(states, lists, strict=True)]
+        out = []
+        for state, tokens, raw in zip(states, lists, self.engine.run_stacked(parts, most_blocks), strict=True):
+            logits = raw.float()
+            self._settle(state, tokens, logits)
+            out.append(logits)
+        return out
+
     def rollback(self, state: DecoderState, length: int) -> None:
         if not 0 < length <= state.length:
             raise ValueError(f"rollback to {length} outside 1..{state.length}")

@@ -22,7 +22,7 @@ import torch
 
 from asyncspec.errors import InputError
 from asyncspec.models.base import DecodeRequest, DecoderState
-from asyncspec.models.fixed_shape import StaticKV
+from asyncspec.models.fixed_shape import StaticKV, stack_sizes
 from asyncspec.models.int8_linear import Int8Linear, products_exact
 from asyncspec.models.machine import cpu_identity
 from asyncspec.models.threads import torch_threads
@@ -49,6 +49,13 @@ class InvarianceReport:
     # and KV position came out equal to `threads`' own: then the target may switch between the two.
     wide_threads: int | None = None
     wide_equal: bool | None = None
+    # The batch check (None: not run): blocks computed in stacked calls of 2, 4, ... up to
+    # `stacked_blocks` blocks, and whether every row and KV position came out equal to the block's
+    # own call's: then requests' blocks may share one wide call (KVBackend.extend_stacked).
+    stacked_blocks: int | None = None
+    stacked_equal: bool | None = None
+    stacked_difference: str = ""  # the first difference, "" when equal
+    stacked_seconds: float = 0.0  # the batch check's part of `seconds`
 
     def summary(self) -> str:
         verdict = "passed" if self.passed else f"FAILED ({self.first_difference})"
@@ -57,8 +64,20 @@ class InvarianceReport:
             wide = f"; at {self.wide_threads} threads {'equal' if self.wide_equal else 'DIFFERENT'}"
         return (
             f"invariance self-test {verdict}: {self.engine} engine, {self.dtype}, width {self.width}, "
-            f"{self.threads} thread(s), {self.rows_checked} rows compared bitwise{wide}"
+            f"{self.threads} thread(s), {self.rows_checked} rows compared bitwise{wide}{self._stacked_summary()}"
         )
+
+    def _stacked_summary(self) -> str:
+        if self.stacked_blocks is None:
+            return ""
+        calls = ", ".join(str(n) for n in stack_sizes(self.stacked_blocks))
+        verdict = "equal" if self.stacked_equal else f"DIFFERENT ({self.stacked_difference})"
+        return f"; stacked calls of {calls} blocks {verdict}"
+
+    def stacking(self, threads: int) -> int:
+        """The most blocks one call may stack at `threads` (1: one call per request)."""
+        proven = self.passed and bool(self.stacked_equal) and threads == self.threads
+        return (self.stacked_blocks or 1) if proven else 1
 
     def may_use(self, threads: int) -> bool:
         """Whether rows decoded at `threads` equal rows decoded at the checked count."""
@@ -146,9 +165,10 @@ def _equal_at_threads(backend, threads: int, prompt, context, tokens, reference,
 
 
 @torch.inference_mode()
-def check_invariance(backend, wide_threads: int | None = None) -> InvarianceReport:
+def check_invariance(backend, wide_threads: int | None = None, stacked_blocks: int | None = None) -> InvarianceReport:
     """The verdict at the current thread count; with `wide_threads`, also whether the same calls at
-    that count give the same bits (a target that decodes on more cores once it is alone)."""
+    that count give the same bits (a target that decodes on more cores once it is alone); with
+    `stacked_blocks`, the batch check (`stacked_difference`)."""
     started = time.perf_counter()
     inexact = inexact_int8_shapes(backend)
     width = getattr(backend, "call_width", None) or 8
@@ -183,7 +203,63 @@ def check_invariance(backend, wide_threads: int | None = None) -> InvarianceRepo
         seconds=round(time.perf_counter() - started, 3),
         wide_threads=wide,
         wide_equal=None if wide is None else _equal_at_threads(backend, wide, prompt, context, tokens, *references),
+        **_batch_check(backend, context, stacked_blocks),
     )
+
+
+def stacked_probe(backend, most_blocks: int) -> list[list[int]]:
+    """Requests' token lists whose blocks fill calls of 2, 4, ... `most_blocks` blocks exactly (the
+    first k - 1 lists make k blocks): the first spans two blocks, so its second block reads its
+    first's keys/values inside one call; the others fill 8, 7 or 6 of their block's rows, so
+    padding rows sit between real ones."""
+    width = getattr(backend, "call_width", None) or 8
+    lengths = [width + 3, *(width - index % 3 for index in range(stack_sizes(most_blocks)[-1] - 2))]
+    stream = probe_tokens(backend, sum(lengths))
+    starts = [sum(lengths[:index]) for index in range(len(lengths))]
+    return [stream[start : start + length] for start, length in zip(starts, lengths, strict=True)]
+
+
+def _batch_check(backend, context, most_blocks: int | None) -> dict:
+    """The report's stacked_* fields (none when no check is asked)."""
+    if most_blocks is None or most_blocks < 2:
+        return {}
+    started = time.perf_counter()
+    engine = getattr(backend, "engine", None)
+    difference = _first_stacked_difference(backend, context, most_blocks) if engine else "no fixed-shape engine"
+    return {
+        "stacked_blocks": most_blocks,
+        "stacked_equal": not difference,
+        "stacked_difference": difference,
+        "stacked_seconds": round(time.perf_counter() - started, 3),
+    }
+
+
+def _first_stacked_difference(backend, context, most_blocks: int) -> str:
+    """Each probe request's tokens through `extend`, a call of its own per block (the per-request
+    path), then again stacked with the others' in calls of 2, 4, ... `most_blocks` blocks, from
+    empty caches (a row's position changes only its attention, which is per row); every row's
+    logits and KV compared bit for bit. "" when all are equal. Costs one call per block alone, plus
+    one call of each stacked width (with 8: eight 8-row calls, then calls of 16, 32 and 64 rows)."""
+    parts = stacked_probe(backend, most_blocks)
+    alone_states = _empty_states(backend, context, len(parts))
+    alone = [backend.extend(state, tokens) for state, tokens in zip(alone_states, parts, strict=True)]
+    for blocks in stack_sizes(most_blocks):
+        states = _empty_states(backend, context, blocks - 1)
+        stacked = backend.extend_stacked(states, parts[: blocks - 1], blocks)
+        for index, (rows, state) in enumerate(zip(stacked, states, strict=True)):
+            differing, kv = _compare(alone[index], _kv_rows(alone_states[index]), rows, state, len(rows))
+            if differing or kv:
+                where = f"row {differing[0]} differs from its own call's" if differing else "keys/values differ"
+                return f"a call of {blocks} stacked blocks: request {index}'s {where}"
+    return ""
+
+
+def _empty_states(backend, context, count: int) -> list[DecoderState]:
+    states = [backend._new_state(0, context) for _ in range(count)]
+    for state in states:
+        if context is not None:
+            state.extras["encoded"] = context
+    return states
 
 
 def _describe(sizes, differing, reference, logits) -> str:
@@ -246,23 +322,35 @@ def _cache_file(key: dict) -> Path:
     return cache_root() / "selftest" / f"{digest}.json"
 
 
-def invariance(backend, use_cache: bool = True, wide_threads: int | None = None) -> InvarianceReport:
+def invariance(
+    backend, use_cache: bool = True, wide_threads: int | None = None, stacked_blocks: int | None = None
+) -> InvarianceReport:
     """The backend's verdict: from this process, from the per-machine cache, or measured now (with
-    `wide_threads`, one that also compared that thread count)."""
+    `wide_threads`, one that also compared that thread count; with `stacked_blocks`, one that also
+    ran the batch check up to that many blocks; fewer than 2 ask for none)."""
+    stacked_blocks = stacked_blocks if stacked_blocks is not None and stacked_blocks >= 2 else None
     known = getattr(backend, "invariance", None)
-    if known is not None and (wide_threads is None or wide_threads in (known.threads, known.wide_threads)):
+    if known is not None and _answers(known, wide_threads, stacked_blocks):
         return known
     cacheable = use_cache and hasattr(backend, "_output_weight")  # a verdict is cached per model weights
-    wide = {"wide_threads": wide_threads} if wide_threads is not None else {}
-    path = _cache_file(machine_key(backend) | wide) if cacheable else None
+    asked = {"wide_threads": wide_threads, "stacked_blocks": stacked_blocks}
+    extra = {name: value for name, value in asked.items() if value is not None}
+    path = _cache_file(machine_key(backend) | extra) if cacheable else None
     report = _read_cached(path)
     if report is None:
-        report = check_invariance(backend, wide_threads)
+        report = check_invariance(backend, wide_threads, stacked_blocks)
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(json.dumps(asdict(report)))
     backend.invariance = report
     return report
+
+
+def _answers(known: InvarianceReport, wide_threads: int | None, stacked_blocks: int | None) -> bool:
+    """Whether a verdict already covers what is asked."""
+    wide = wide_threads is None or wide_threads in (known.threads, known.wide_threads)
+    stacked = stacked_blocks is None or (known.stacked_blocks or 0) >= stacked_blocks
+    return wide and stacked
 
 
 def _read_cached(path: Path | None) -> InvarianceReport | None:
@@ -275,13 +363,15 @@ def _read_cached(path: Path | None) -> InvarianceReport | None:
         return None  # a damaged cache entry is measured again
 
 
-def require_invariant(target, method: str) -> None:
+def require_invariant(target, method: str, stacked_blocks: int | None = None) -> InvarianceReport:
     """Refuse a speculative method on a target whose rows depend on the call's shape: its output
-    could differ from target-only output, and that is never done silently."""
-    report = invariance(target)
+    could differ from target-only output, and that is never done silently. The verdict (with the
+    batch check up to `stacked_blocks` blocks, if asked) is returned."""
+    report = invariance(target, stacked_blocks=stacked_blocks)
     if not report.passed:
         raise InputError(
             f"{method} refused: {report.summary()}. On this machine the target's rows depend on the "
             "call that computes them, so speculative output could differ from target-only output. "
             "Use --method target, or another --dtype or --threads whose self-test passes."
         )
+    return report
