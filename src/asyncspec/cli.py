@@ -19,7 +19,7 @@ from asyncspec.commands import (
     listen,
     models,
     profiling_cli,
-    serve,
+    serve_options,
 )
 from asyncspec.errors import InputError, ModelNotPreparedError
 
@@ -81,8 +81,8 @@ COMMANDS = (
     ),
     Command("config", config.HELP, config.add_arguments, None),
     Command("link", link.HELP, link.add_arguments, "commands.link:run", link.DESCRIPTION),
-    Command("serve", serve.SERVE_HELP, serve.add_serve_arguments, None),
-    Command("client", serve.CLIENT_HELP, serve.add_client_arguments, "commands.serve:run_client"),
+    Command("serve", serve_options.SERVE_HELP, serve_options.add_serve_arguments, None),
+    Command("client", serve_options.CLIENT_HELP, serve_options.add_client_arguments, "commands.serve:run_client"),
     Command("listen", listen.HELP, listen.add_arguments, "commands.listen:run"),
     Command("keys", keys.HELP, keys.add_arguments, "commands.keys:run"),
 )

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from asyncspec.audio import load_audio
-from asyncspec.commands.serve import add_connection_options, add_http_auth_options, connection_limits
+from asyncspec.commands.serve_options import add_connection_options, add_http_auth_options, connection_limits
 from asyncspec.errors import InputError
 from asyncspec.ondemand.ingest import PACES, PCM_FORMATS, AudioBlock, LatestWindow, file_blocks, pcm_blocks
 from asyncspec.run.options import add_decoding_options
