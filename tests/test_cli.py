@@ -190,6 +190,10 @@ def test_bench_ondevice_writes_json_and_plots(tmp_path, capsys):
     assert (out / "bench_ondevice_cdf.png").stat().st_size > 10_000
     assert (out / "bench_ondevice_timeline.png").stat().st_size > 10_000
     assert "pooled" in capsys.readouterr().out
+    # As²d alone beside target-only (no sd runs to check): it crashed on the sd budgets' zip
+    assert main(["bench", "ondevice", "--audio", str(audio), "--out", str(out / "as2d"), "--method", "as2d"]) == 0
+    alone = json.loads((out / "as2d" / "bench_ondevice.json").read_text())["methods"]
+    assert set(alone) == {"target", "as2d"} and alone["as2d"]["equal_windows"] == 1
 
 
 @pytest.mark.real

@@ -47,7 +47,7 @@ def run_window(
         return records, results
     reference = results[0].tokens  # target-only runs first
     runs = [(r.method, r) for r in results[1:] if r.method != "sd"]
-    runs += [(f"sd (budget {b})", run) for b, run in zip(SD_BUDGETS, sd_runs, strict=True)]
+    runs += [(f"sd (budget {b})", run) for b, run in zip(SD_BUDGETS, sd_runs, strict=True)] if sd_runs else []
     equal = {name: exactness.check(where, name, request, reference, run.tokens) for name, run in runs}
     for record in records:
         if record["method"] == "sd":  # equal only if every budget's run equals target-only
