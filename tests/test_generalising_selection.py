@@ -4,12 +4,20 @@ known, and the real-speech development split (data/real_devset.py)."""
 from __future__ import annotations
 
 import shutil
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
 
 from asyncspec.audio import load_audio
-from asyncspec.data.real_devset import CMU_RECORDINGS, TEMPOS, assemble_real_dev_set, recording_of
+from asyncspec.data.real_devset import (
+    CMU_RECORDINGS,
+    LIBRIVOX_PAIRS,
+    LIBRIVOX_TEMPOS,
+    TEMPOS,
+    assemble_real_dev_set,
+    recording_of,
+)
 from asyncspec.profiling.generalising import (
     REPLAY_NOISE,
     cross_validate,
@@ -17,7 +25,7 @@ from asyncspec.profiling.generalising import (
     robust_choice,
     windows_won,
 )
-from asyncspec.profiling.selection import Catalog, Entry, rank
+from asyncspec.profiling.selection import Catalog, Entry, Selection, rank
 
 A, B, C = Entry("a", 1), Entry("b", 1), Entry("c", 1)
 
@@ -66,16 +74,27 @@ def test_rank_correlation_of_identical_reversed_and_partial_rankings():
 
 
 @pytest.mark.skipif(shutil.which("sox") is None, reason="sox is not installed")
-def test_the_real_development_split_is_cmu_speech_at_three_rates(tmp_path):
+def test_the_real_development_split_is_cmu_speech_and_read_speech_at_other_rates(tmp_path):
     paths = assemble_real_dev_set(tmp_path)
-    assert len(paths) == len(CMU_RECORDINGS) * len(TEMPOS)
+    assert len(paths) == len(CMU_RECORDINGS) * len(TEMPOS) + len(LIBRIVOX_PAIRS) * len(LIBRIVOX_TEMPOS)
     by_recording: dict[str, dict[float, float]] = {}
     for path in paths:
         seconds = len(load_audio(path)) / 16000
         tempo = float(path.stem.split("-tempo")[1])
         by_recording.setdefault(recording_of(path.name + "#0"), {})[tempo] = seconds
-    assert set(by_recording) == set(CMU_RECORDINGS)
+    assert set(by_recording) == {*CMU_RECORDINGS, *LIBRIVOX_PAIRS}
     for durations in by_recording.values():  # faster speech is shorter, in proportion to the tempo
-        assert durations[0.85] > durations[1.0] > durations[1.15]
-        assert durations[1.0] / durations[1.15] == pytest.approx(1.15, rel=0.02)
+        assert durations[0.85] / durations[1.15] == pytest.approx(1.15 / 0.85, rel=0.02)
     assert 9 < by_recording["cards"][1.0] < 14  # five card names with pauses
+    assert 1.0 not in by_recording["librivox-a"]  # the test windows' own rate is never in the split
+    assert 11 < by_recording["librivox-a"][0.85] < 13  # 7.1 s + 3.0 s of read speech, slowed
+
+
+def test_a_choice_that_did_not_generalise_across_recordings_is_refused():
+    default = Entry("d", 6)
+    better_in_sample = Selection(A, 140.0, default, 136.0, out_of_fold_tps=128.0)
+    assert "out of fold" in better_in_sample.refusal
+    # the controls: one that also held out of fold is deployed, and so is the default itself
+    assert replace(better_in_sample, out_of_fold_tps=137.0).refusal is None
+    assert Selection(default, 136.0, default, 136.0, out_of_fold_tps=120.0).refusal is None
+    assert replace(better_in_sample, out_of_fold_tps=None).refusal is None  # one recording: no CV to go by

@@ -7,6 +7,7 @@ than it is refused: reported, exit 0, nothing deployed."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import cast
 
@@ -47,7 +48,10 @@ def run(args) -> int:
     if not collection.exactness.passed:  # an As²d run differing from target-only is a defect: deploy nothing
         return collection.exactness.report()
     candidates = [*split.entries, DEFAULT_ENTRY]
+    cross_validation = _cross_validation(catalog, candidates)
     selection = select(catalog, candidates, DEFAULT_ENTRY, robust_choice)
+    if cross_validation:  # a selection that did not generalise across recordings is refused
+        selection = replace(selection, out_of_fold_tps=cross_validation["out_of_fold_pooled_tps"])
     ranking = rank(catalog)
     deployed = _deployed_config(args, catalog, ranking, selection, profile, profile_path, collection.mismatches)
     path = deploy(selection, deployed, Path(args.config) if args.config else None)
@@ -57,7 +61,7 @@ def run(args) -> int:
         "built_in_default": selection.default.__dict__ | {"pooled_tps": deployed.default_pooled_tps},
         "deployed": str(path) if path else None,
         "refused": selection.refusal,
-        "cross_validation": _cross_validation(catalog, candidates),
+        "cross_validation": cross_validation,
         "secondary": split.secondary(ranking, out) if args.secondary != "none" else None,
     }
     (out / "select_budget.json").write_text(json.dumps(report, indent=1))

@@ -81,13 +81,21 @@ class Selection:
     chosen_tps: float
     default: Entry
     default_tps: float
+    # cross-validation: pooled throughput of each recording under the choice made without it
+    out_of_fold_tps: float | None = None
 
     @property
     def refusal(self) -> str | None:
         """Why the chosen entry must not be deployed (it is slower than the default it would
-        replace), or None."""
+        replace, or choices made this way were slower than it on recordings they did not see), or None."""
         if self.chosen_tps >= self.default_tps:
-            return None
+            if self.out_of_fold_tps is None or self.out_of_fold_tps >= self.default_tps or self.chosen == self.default:
+                return None
+            return (
+                f"not deploying {self.chosen.producer} budget {self.chosen.budget}: chosen this way without a "
+                f"recording, the choice was slower on it ({self.out_of_fold_tps:.2f} tok/s pooled out of fold) than "
+                f"the built-in default {self.default.producer} budget {self.default.budget} ({self.default_tps:.2f})"
+            )
         return (
             f"not deploying {self.chosen.producer} budget {self.chosen.budget}: {self.chosen_tps:.2f} tok/s on the "
             f"development split, slower than the built-in default {self.default.producer} budget "
