@@ -227,16 +227,21 @@ def model_pair(scale: float = 15.0, noise: float = 0.3, dtype=None, family: str 
     return target, drafter
 
 
+def decoded(frames):
+    """A link record's frames as (direction, message), leaving out those that do not decode."""
+    for direction, _, frame in frames:
+        try:
+            yield direction, wire.decode(frame)
+        except wire.ProtocolError:
+            continue
+
+
 def open_block_violations(frames) -> list[str]:
     """From a link record, every moment a request had two open blocks: a Block for a new base
     sent before the previous block's verdict came back, or drafted from a prefix other than the
     one that verdict confirmed (base + accepted + 1)."""
     problems, last = [], {}  # request -> (base, confirmed next base or None)
-    for direction, _, frame in frames:
-        try:
-            message = wire.decode(frame)
-        except wire.ProtocolError:
-            continue
+    for direction, message in decoded(frames):
         if direction == "up" and isinstance(message, wire.Block):
             request, base = message.id.request, message.id.base
             if request in last and last[request][0] != base:
@@ -310,11 +315,7 @@ def invalidated_from_frames(frames, prompts, results) -> int:
     blocks: dict[int, list] = {}  # request -> blocks in the order sent
     verdicts: dict = {}  # block id -> its first greedy verdict
     length: dict[int, int] = {}  # request -> its output's length
-    for direction, _, frame in frames:
-        try:
-            message = wire.decode(frame)
-        except wire.ProtocolError:
-            continue
+    for direction, message in decoded(frames):
         if direction == "up" and isinstance(message, wire.Open):
             prompt = wire.unpack_ids(message.tokens)[: message.prompt_len]
             i = next(i for i, p in enumerate(prompts) if list(p)[: len(prompt)] == prompt)

@@ -153,6 +153,21 @@ def whisper_base_bf16():
     return load_decoder("whisper-base", "bf16")
 
 
+@pytest.fixture(scope="module")
+def producer(whisper_base_bf16):
+    """As²d's real producer process (CTranslate2 tiny.en), publishing in Whisper base's tokens."""
+    from asyncspec.models.offline import ct2_model_dir
+    from asyncspec.ondevice.producer import ProducerProcess, ProducerSpec
+
+    spec = ProducerSpec(
+        model_dir=str(ct2_model_dir("whisper-tiny.en")),
+        target_tokenizer_json=whisper_base_bf16.tokenizer.backend.to_str(),
+    )
+    process = ProducerProcess(spec)
+    yield process
+    process.close()
+
+
 @pytest.fixture(scope="session")
 def qwen_15b_bf16():
     """The real target, loaded once per run: each load reads 3.5 GB, and on this project's VMs the

@@ -4,6 +4,8 @@ real uvicorn server on a free loopback port, in a thread."""
 from __future__ import annotations
 
 import socket
+import threading
+import time
 from contextlib import contextmanager
 
 import uvicorn
@@ -58,3 +60,33 @@ def raw_request(base_url: str, payload: bytes, read: bool = True, hang_up: bool 
         while chunk := connection.recv(65536):
             chunks.append(chunk)
         return b"".join(chunks)
+
+
+@contextmanager
+def decoding_held(target):
+    """The target's decoding waits (at most 10 s) until the yielded gate is set: a request is in
+    progress, and stays so, while a test hangs up on it. Restored on exit."""
+    gate = threading.Event()
+    original = target.extend
+
+    def gated_extend(state, tokens):
+        gate.wait(10)
+        return original(state, tokens)
+
+    target.extend = gated_extend
+    try:
+        yield gate
+    finally:
+        gate.set()
+        del target.extend
+
+
+def cancellation_seen(engine, gate, timeout_s: float = 10.0) -> None:
+    """Wait until the running job is flagged as cancelled, let the decode go on, then wait until the
+    engine has counted the cancellation."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and not (engine.current and engine.current.cancelled.is_set()):
+        time.sleep(0.02)
+    gate.set()
+    while time.monotonic() < deadline and not engine.counters.cancelled:
+        time.sleep(0.02)

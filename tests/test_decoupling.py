@@ -89,20 +89,6 @@ def publications(buffer_batches: list[PublishedBatch]) -> list[tuple]:
 
 
 @pytest.fixture(scope="module")
-def producer(whisper_base_bf16):
-    from asyncspec.models.offline import ct2_model_dir
-    from asyncspec.ondevice.producer import ProducerProcess, ProducerSpec
-
-    spec = ProducerSpec(
-        model_dir=str(ct2_model_dir("whisper-tiny.en")),
-        target_tokenizer_json=whisper_base_bf16.tokenizer.backend.to_str(),
-    )
-    process = ProducerProcess(spec)
-    yield process
-    process.close()
-
-
-@pytest.fixture(scope="module")
 def case(whisper_base_bf16):
     """One LibriVox clip (7 s, two producer chunks) and two targets whose texts differ."""
     request = whisper_base_bf16.request(load_audio(librivox_clips()[0].path))

@@ -4,8 +4,6 @@ events (ondemand/streamed.py, one event loop for both) over a tiny random Whispe
 from __future__ import annotations
 
 import json
-import threading
-import time
 
 import httpx
 import pytest
@@ -15,7 +13,7 @@ from fastapi.testclient import TestClient
 from asyncspec.ondemand.ingest import file_blocks
 from asyncspec.ondemand.service import create_app
 from conftest import synthetic_speech, tiny_whisper
-from ondemand_helpers import make_engine, running_server
+from ondemand_helpers import cancellation_seen, decoding_held, make_engine, running_server
 
 LIVE = "/v1/stream/transcriptions"
 
@@ -98,26 +96,9 @@ def test_a_failing_live_decode_ends_the_stream_with_an_error_event_and_the_servi
 
 def test_a_client_that_leaves_a_live_stream_cancels_its_job(target):
     engine = live_engine(target, 2.0)
-    gate = threading.Event()
-    original = target.extend
-
-    def gated_extend(state, tokens):  # hold the decode until the client has gone
-        gate.wait(10)
-        return original(state, tokens)
-
-    target.extend = gated_extend
-    try:
-        with running_server(create_app(engine)) as url:
-            with httpx.stream("POST", f"{url}{LIVE}", params={"stream": "true"}, timeout=30) as reply:
-                # the event stream's headers come before any text: this is the streamed path
-                assert reply.headers["content-type"].startswith("text/event-stream")
-            deadline = time.monotonic() + 10  # the client has hung up without reading an event
-            while time.monotonic() < deadline and not (engine.current and engine.current.cancelled.is_set()):
-                time.sleep(0.02)
-            gate.set()  # the event stream saw the disconnect and flagged the running job
-            while time.monotonic() < deadline and not engine.counters.cancelled:
-                time.sleep(0.02)
-            assert engine.counters.cancelled == 1 and not engine.counters.completed
-    finally:
-        gate.set()
-        del target.extend
+    with decoding_held(target) as gate, running_server(create_app(engine)) as url:
+        with httpx.stream("POST", f"{url}{LIVE}", params={"stream": "true"}, timeout=30) as reply:
+            # the event stream's headers come before any text: this is the streamed path
+            assert reply.headers["content-type"].startswith("text/event-stream")
+        cancellation_seen(engine, gate)  # the client hung up without reading an event
+        assert engine.counters.cancelled == 1 and not engine.counters.completed

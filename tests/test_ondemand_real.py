@@ -26,20 +26,6 @@ pytestmark = pytest.mark.real
 
 
 @pytest.fixture(scope="module")
-def producer(whisper_base_bf16):
-    from asyncspec.models.offline import ct2_model_dir
-    from asyncspec.ondevice.producer import ProducerProcess, ProducerSpec
-
-    spec = ProducerSpec(
-        model_dir=str(ct2_model_dir("whisper-tiny.en")),
-        target_tokenizer_json=whisper_base_bf16.tokenizer.backend.to_str(),
-    )
-    process = ProducerProcess(spec)
-    yield process
-    process.close()
-
-
-@pytest.fixture(scope="module")
 def speech():
     """The LibriVox clips joined: 24.7 s of continuous read speech."""
     return np.concatenate([load_audio(clip.path) for clip in librivox_clips()])

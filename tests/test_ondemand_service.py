@@ -4,8 +4,6 @@ clear HTTP error or a clean end — never a crash (the service answers the next 
 from __future__ import annotations
 
 import io
-import threading
-import time
 
 import pytest
 import soundfile
@@ -17,7 +15,7 @@ from asyncspec.ondemand.engine import QueueFull, RequestCancelled
 from asyncspec.ondemand.ingest import file_blocks, pcm_blocks
 from asyncspec.ondemand.service import create_app
 from conftest import synthetic_speech, tiny_whisper
-from ondemand_helpers import make_engine, raw_request, running_server
+from ondemand_helpers import cancellation_seen, decoding_held, make_engine, raw_request, running_server
 
 
 @pytest.fixture(scope="module")
@@ -192,28 +190,11 @@ def test_cancelled_requests_free_the_worker(target):
 
 def test_client_disconnect_over_http_cancels_the_request(target):
     engine = make_engine(target, file_blocks(synthetic_speech(2.0), 1.0, "fast"))
-    gate = threading.Event()
-    original = target.extend
-
-    def gated_extend(state, tokens):  # hold the decode until the client has gone
-        gate.wait(10)
-        return original(state, tokens)
-
-    target.extend = gated_extend
-    try:
-        with running_server(create_app(engine)) as url:
-            request = b"POST /v1/stream/transcriptions HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n"
-            raw_request(url, request, read=False, hang_up=True)  # sends, then goes away without the answer
-            deadline = time.monotonic() + 10
-            while time.monotonic() < deadline and not (engine.current and engine.current.cancelled.is_set()):
-                time.sleep(0.02)
-            gate.set()  # the HTTP side saw the disconnect and flagged the running job
-            while time.monotonic() < deadline and not engine.counters.cancelled:
-                time.sleep(0.02)
-            assert engine.counters.cancelled == 1
-    finally:
-        gate.set()
-        del target.extend
+    with decoding_held(target) as gate, running_server(create_app(engine)) as url:
+        request = b"POST /v1/stream/transcriptions HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n"
+        raw_request(url, request, read=False, hang_up=True)  # sends, then goes away without the answer
+        cancellation_seen(engine, gate)
+        assert engine.counters.cancelled == 1
 
 
 def test_a_streamed_upload_sends_deltas_then_done_equal_to_the_answer(target):
