@@ -95,7 +95,8 @@ class PrefixDrafter:
         rows: list[torch.Tensor] = []
         logits = self.state.next_logits
         while True:
-            logits = penalised(logits[None], [wanted + tokens], shaping)[0]
+            if shaping.penalises:  # the history is a copy per drafted token: only built when it is read
+                logits = penalised(logits[None], [wanted + tokens], shaping)[0]
             probs = self._law(logits, temperature, shaping)
             token = self._choose(logits, probs, temperature, generator)
             tokens.append(token)
