@@ -46,7 +46,7 @@ def test_demo_exits_0_with_every_method_equal_and_scored(clip, tmp_path, monkeyp
     out = capsys.readouterr().out
     report = json.loads((tmp_path / "demo.json").read_text())
     assert report["exactness"]["passed"] and report["exactness"]["mismatches"] == []
-    assert report["as2d"] == {"producer": "ct2-chunk@4s", "chunk_s": 4.0, "budget": 6, "source": "built-in default"}
+    assert report["as2d"] == {"producer": "ct2-chunk@4s", "chunk_s": 4.0, "budget": 7, "source": "built-in default"}
     summary = report["summary"]
     assert {"target", "sd", "specasr", "as2d"} <= set(summary)
     tokens = {method: row["tokens"] for method, row in summary.items()}
@@ -60,14 +60,14 @@ def test_demo_exits_0_with_every_method_equal_and_scored(clip, tmp_path, monkeyp
 def test_select_budget_exits_0_and_deploys_what_it_selected(audio_dir, flat_profile, tmp_path, capsys):
     config = tmp_path / "as2d.json"
     # up to the default's budget: the default is a candidate, so nothing can be refused
-    argv = ["select-budget", "--audio", str(audio_dir), "--profile", str(flat_profile), "--max-budget", "6"]
+    argv = ["select-budget", "--audio", str(audio_dir), "--profile", str(flat_profile), "--max-budget", "7"]
     assert main([*argv, "--producers", "ct2-chunk@4s", "--config", str(config), "--out", str(tmp_path)]) == 0
     printed = capsys.readouterr().out
-    assert "wrote" in printed and "the built-in default ct2-chunk@4s budget 6" in printed
+    assert "wrote" in printed and "the built-in default ct2-chunk@4s budget 7" in printed
     deployed = json.loads(config.read_text())
     report = json.loads((tmp_path / "select_budget.json").read_text())
     selected, default = report["selected"], report["built_in_default"]
-    assert selected["producer"] == "ct2-chunk@4s" and 1 <= selected["budget"] <= 6
+    assert selected["producer"] == "ct2-chunk@4s" and 1 <= selected["budget"] <= 7
     assert (deployed["producer"], deployed["budget"]) == (selected["producer"], selected["budget"])
     assert selected["pooled_tps"] >= default["pooled_tps"] == deployed["default_pooled_tps"]
     assert report["deployed"] == str(config) and report["refused"] is None

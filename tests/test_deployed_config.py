@@ -93,7 +93,7 @@ def test_the_json_record_says_which_configuration_ran_and_from_where(config_file
     def record(*argv):
         return DecodingOptions.from_args(build_parser().parse_args(["transcribe", "a.wav", *argv])).as2d_record()
 
-    assert record() == {"producer": "ct2-chunk@4s", "chunk_s": 4.0, "budget": 6, "source": BUILT_IN}
+    assert record() == {"producer": "ct2-chunk@4s", "chunk_s": 4.0, "budget": 7, "source": BUILT_IN}
     save_deployed(SELECTED)
     deployed = record()
     assert deployed["producer"] == "ct2-chunk@6s" and deployed["budget"] == 9
@@ -150,11 +150,11 @@ def test_config_show_and_reset_through_the_command_line(config_file, tmp_path, c
     shown = capsys.readouterr().out
     for expected in (str(config_file), "ct2-chunk@6s", "budget 9", cpu_model(), "applies to this machine: yes"):
         assert expected in shown
-    assert "built-in default: ct2-chunk@4s budget 6" in shown and "25.00 tok/s" in shown
+    assert "built-in default: ct2-chunk@4s budget 7" in shown and "25.00 tok/s" in shown
     report = json.loads((tmp_path / "show.json").read_text())
     assert report["deployed"]["applies"] is True and report["built_in_default"] == {
         "producer": "ct2-chunk@4s",
-        "budget": 6,
+        "budget": 7,
     }
     assert main(["config", "reset"]) == 0
     assert f"removed the deployed As²d configuration {config_file}" in capsys.readouterr().out

@@ -15,17 +15,22 @@ from asyncspec.data.real_devset import (
     LIBRIVOX_PAIRS,
     LIBRIVOX_TEMPOS,
     TEMPOS,
+    assemble_held_out,
     assemble_real_dev_set,
     recording_of,
 )
+from asyncspec.profiling.costs import IDLE, CostProfile
 from asyncspec.profiling.generalising import (
     REPLAY_NOISE,
     cross_validate,
+    hedged_catalog,
     rank_correlation,
     robust_choice,
+    slowed,
     windows_won,
 )
-from asyncspec.profiling.selection import Catalog, Entry, Selection, rank
+from asyncspec.profiling.selection import Catalog, Entry, Selection, rank, replay_catalog
+from asyncspec.profiling.trajectory import Publication, WindowTrajectory, fingerprint
 
 A, B, C = Entry("a", 1), Entry("b", 1), Entry("c", 1)
 
@@ -85,9 +90,13 @@ def test_the_real_development_split_is_cmu_speech_and_read_speech_at_other_rates
     assert set(by_recording) == {*CMU_RECORDINGS, *LIBRIVOX_PAIRS}
     for durations in by_recording.values():  # faster speech is shorter, in proportion to the tempo
         assert durations[0.85] / durations[1.15] == pytest.approx(1.15 / 0.85, rel=0.02)
-    assert 9 < by_recording["cards"][1.0] < 14  # five card names with pauses
-    assert 1.0 not in by_recording["librivox-a"]  # the test windows' own rate is never in the split
+    assert all(1.0 not in rates for rates in by_recording.values())  # the recorded rates are the test sets'
     assert 11 < by_recording["librivox-a"][0.85] < 13  # 7.1 s + 3.0 s of read speech, slowed
+    held_out = assemble_held_out(tmp_path / "held-out")
+    assert [p.name for p in held_out] == [f"{name}-tempo1.wav" for name in CMU_RECORDINGS]
+    assert 9 < len(load_audio(held_out[0])) / 16000 < 14  # five card names with pauses, as recorded
+    development = {fingerprint(load_audio(p)) for p in paths}
+    assert not development & {fingerprint(load_audio(p)) for p in held_out}
 
 
 def test_a_choice_that_did_not_generalise_across_recordings_is_refused():
@@ -98,3 +107,29 @@ def test_a_choice_that_did_not_generalise_across_recordings_is_refused():
     assert replace(better_in_sample, out_of_fold_tps=137.0).refusal is None
     assert Selection(default, 136.0, default, 136.0, out_of_fold_tps=120.0).refusal is None
     assert replace(better_in_sample, out_of_fold_tps=None).refusal is None  # one recording: no CV to go by
+
+
+def test_a_producer_that_keeps_pace_only_just_loses_to_one_that_is_early():
+    # "late" publishes the whole output in one batch 0.3 s after decoding begins (it started 0.4 s
+    # before): as collected, the target decodes alone until then, verifies it all in one call and
+    # finishes soonest. "early" published a worse draft (two wrong tokens: three calls) 0.5 s
+    # before decoding began. 25 % slower, "late" arrives at 0.475 s and finishes last.
+    tokens = tuple(range(10, 30))
+    late = [Publication(0, tokens, None, -0.4, 0.3, 1)]
+    wrong = list(tokens)
+    wrong[2] = wrong[10] = 99
+    early = [Publication(0, tuple(wrong), None, -0.6, -0.5, 1)]
+    window = WindowTrajectory("w", "d", "f", 4, 448, 100, list(tokens), "eos", {"late": late, "early": early})
+    profile = CostProfile(
+        target="t", dtype="bf16", verify={IDLE: {0: {k: [0.1 + 0.005 * k] for k in range(1, 26)}}},
+        align_s=0.0, gap_s=0.0, target_gap_s=0.0, delivery_s=0.0,
+    )  # fmt: skip
+    entries = [Entry("late", 19), Entry("early", 19)]
+    nominal = replay_catalog([window], profile, ["late", "early"], budgets=(19,))
+    assert robust_choice(nominal, entries) == Entry("late", 19)  # the control: as collected, late wins
+    assert slowed(window, 1.25).sources["late"][0].published == pytest.approx(-0.4 + 0.7 * 1.25)
+    assert slowed(window, 1.25).sources["early"][0].published == pytest.approx(-0.6 + 0.1 * 1.25)
+    hedged = hedged_catalog([window], profile, ["late", "early"], budgets=(19,))
+    assert hedged.seconds[Entry("late", 19)][0] > nominal.seconds[Entry("late", 19)][0]
+    assert hedged.seconds[Entry("early", 19)][0] == nominal.seconds[Entry("early", 19)][0]
+    assert robust_choice(hedged, entries) == Entry("early", 19)

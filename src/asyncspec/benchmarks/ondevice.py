@@ -13,6 +13,7 @@ from typing import Any
 from asyncspec.audio import SAMPLE_RATE
 from asyncspec.benchmarks.oracle import Headroom, plot_headroom
 from asyncspec.data.devset import synthesize_dev_set
+from asyncspec.data.real_devset import assemble_held_out
 from asyncspec.data.windows import directory_windows, librivox_windows
 from asyncspec.decoding.methods import METHODS
 from asyncspec.decoding.result import DecodeConfig
@@ -64,15 +65,20 @@ def _mean_sd(runs: list) -> Any:
     return shown
 
 
+def _windows(args):
+    """--audio's, the Festival split (--dev), the held-out CMU recordings, or the LibriVox windows."""
+    if args.dev or args.held_out:
+        directory = Path(args.out) / ("dev" if args.dev else "held-out")
+        (synthesize_dev_set if args.dev else assemble_held_out)(directory)
+        return directory_windows(str(directory))
+    return directory_windows(args.audio) if args.audio else librivox_windows()
+
+
 def run(args) -> int:
     options = DecodingOptions.from_args(args)
     methods = [m for m in METHOD_ORDER if m in options.methods or m == "target"]
     config = decode_config(options)
-    if args.dev:
-        synthesize_dev_set(Path(args.out) / "dev")
-        windows = directory_windows(str(Path(args.out) / "dev"))
-    else:
-        windows = directory_windows(args.audio) if args.audio else librivox_windows()
+    windows = _windows(args)
     records = []
     with Headroom(args, options) as oracle, load_models(options, WhisperBackend, "speech") as (target, drafters):
         oracle.start(target)

@@ -104,6 +104,10 @@ def add_bench_methods(parser: argparse.ArgumentParser) -> None:
 def add_bench_ondevice(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--audio", metavar="DIR", help="audio directory (default: LibriVox clips joined to 10-25 s)")
     parser.add_argument("--dev", action="store_true", help="use the Festival development set (synthesised)")
+    parser.add_argument(
+        "--held-out", action="store_true",
+        help="the CMU recordings at their recorded rate: real speech select-budget's split never holds",
+    )  # fmt: skip
     parser.add_argument("--out", default="out", help="folder for the JSON and PNGs")
     parser.add_argument("--oracle", action="store_true", help="deployed configuration vs per-window oracle")
     parser.add_argument("--profile", help="--oracle: cost profile JSON (default: the one select-budget used)")

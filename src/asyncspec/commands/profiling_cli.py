@@ -39,7 +39,8 @@ def add_replay(replay) -> None:
     replay.add_argument("--producer", default="ct2-chunk@4s")
     replay.add_argument("--producer-model", default="whisper-tiny.en")
     replay.add_argument("--drafter", default="whisper-tiny.en")
-    replay.add_argument("--budget", type=int, default=6, help="validate: As²d budget (its default)")
+    # As²d's DEFAULT_BUDGET (decoding/as2d.py, which imports torch: not here); a test holds them equal
+    replay.add_argument("--budget", type=int, default=7, help="validate: As²d budget (its default)")
     replay.add_argument(
         "--calibrate-every", type=int, default=0, help="validate: re-measure call costs before every N windows"
     )
@@ -60,7 +61,8 @@ def add_select_budget(select) -> None:
         "--split",
         choices=["real", "festival"],
         default="real",
-        help="the development split: real (the CMU recordings at three rates, the default) or festival "
+        help="the development split: real (the CMU recordings and LibriVox pairs at two other rates than the "
+        "recorded one, the default) or festival "
         "(Pride and Prejudice in Festival's voices)",
     )
     select.add_argument(

@@ -1,8 +1,8 @@
 """`asyncspec select-budget`: choose As²d's fixed (producer, budget) offline, by pooled replay
-throughput on a development split that shares no audio with the test windows (seed 000 D.2.6),
-and write it where `transcribe`, `demo` and the benchmarks read it. The built-in default
-(ct2-chunk@4s at As²d's default budget) is always scored beside the catalog; a selection slower
-than it is refused: reported, exit 0, nothing deployed."""
+throughput (hedged against a slower producer: profiling/generalising.py) on a development split
+that shares no audio with the test windows (seed 000 D.2.6), and write it where `transcribe`,
+`demo` and the benchmarks read it. The built-in default (ct2-chunk@4s at As²d's default budget)
+is always scored beside the catalog; a selection slower than it is refused: reported, exit 0, nothing deployed."""
 
 from __future__ import annotations
 
@@ -23,8 +23,14 @@ from asyncspec.profiling.deployed import (
     parse_catalog,
     save_deployed,
 )
-from asyncspec.profiling.generalising import cross_validate, rank_correlation, robust_choice
-from asyncspec.profiling.selection import BUDGETS, Catalog, Entry, Selection, rank, replay_catalog, select
+from asyncspec.profiling.generalising import (
+    PRODUCER_SLOWDOWN,
+    cross_validate,
+    hedged_catalog,
+    rank_correlation,
+    robust_choice,
+)
+from asyncspec.profiling.selection import BUDGETS, Catalog, Entry, Selection, rank, select
 from asyncspec.profiling.trajectory import save_trajectories
 
 # The configuration every command runs when none is deployed: always scored, so that a selection
@@ -61,6 +67,7 @@ def run(args) -> int:
         "built_in_default": selection.default.__dict__ | {"pooled_tps": deployed.default_pooled_tps},
         "deployed": str(path) if path else None,
         "refused": selection.refusal,
+        "producer_slowdown": PRODUCER_SLOWDOWN,
         "cross_validation": cross_validation,
         "secondary": split.secondary(ranking, out) if args.secondary != "none" else None,
     }
@@ -92,7 +99,7 @@ class DevelopmentSplit:
             collection = collect(self.target, workers, windows, DEFAULT_BUDGET, f"select-budget ({label})")
         save_trajectories(trajectories, collection.trajectories)
         also = (DEFAULT_ENTRY,)
-        catalog = replay_catalog(collection.trajectories, self.profile, self.names, self.budgets, also=also)
+        catalog = hedged_catalog(collection.trajectories, self.profile, self.names, self.budgets, also=also)
         return catalog, collection
 
     def secondary(self, ranking, out: Path) -> dict:
@@ -190,7 +197,8 @@ def _print_selection(catalog: Catalog, ranking, cross_validation: dict | None, s
     target = catalog.pooled_tps(catalog.target_seconds)
     print(
         f"development split: {len(catalog.trajectories)} windows, {catalog.tokens} tokens; "
-        f"target-only {target:.2f} tok/s (replay)"
+        f"target-only {target:.2f} tok/s (replay); each entry per window the slower of its producer as "
+        f"collected and {PRODUCER_SLOWDOWN:g}x slower"
     )
     for entry, tps in ranking[:8]:
         default = " (built-in default)" if entry == DEFAULT_ENTRY else ""

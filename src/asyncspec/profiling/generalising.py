@@ -8,19 +8,34 @@ speech. Two guards:
   an entry cannot carry the choice;
 - **cross-validation across recordings**: each recording (a group of windows: its tempo variants
   go with it) is scored with the entry selected on the other recordings, which estimates what
-  the procedure gives on audio it did not see. Reported beside the built-in default's figure.
+  the procedure gives on audio it did not see. Reported beside the built-in default's figure;
+- **a producer that keeps pace only just**: every entry is scored, per window, on the slower of
+  its replay as collected and its replay with the producer PRODUCER_SLOWDOWN times slower
+  (`hedged_catalog`).
 """
 
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from asyncspec.profiling.selection import Catalog, Entry
+from asyncspec.profiling.costs import CostProfile
+from asyncspec.profiling.selection import BUDGETS, Catalog, Entry, replay_catalog
+from asyncspec.profiling.trajectory import Publication, WindowTrajectory
 
 # The replay's measured mean absolute throughput error on real windows (2.3 %, issue #29) rounded
 # up: entries closer than this cannot be told apart by replay.
 REPLAY_NOISE = 0.025
+
+# How much slower a producer may run than in the collection it was selected on. Measured
+# (2026-12-03, 2-core AMD EPYC): two collections of the same 15 real windows gave the
+# autoregressive producer spans, first start to last publication, 0.88-1.65x apart (median 1.15);
+# bench ondevice's run on the LibriVox test windows was slower again. Scored as collected, the
+# autoregressive producer won the split by 21 % and then reached 44 % of the oracle on the test
+# windows: it finishes its window only just before the target needs it, so a slower producer
+# turns every round into a wait. ct2-chunk publishes before the target's first round and is
+# unaffected. The hedge charges each entry what it would cost on a slower day.
+PRODUCER_SLOWDOWN = 1.25
 
 
 def window_tps(catalog: Catalog, entry: Entry) -> list[float]:
@@ -96,3 +111,38 @@ def rank_correlation(first: list[Entry], second: list[Entry]) -> float:
     position = {e: i for i, e in enumerate(e for e in second if e in set(common))}
     ranks_a, ranks_b = list(range(len(common))), [position[e] for e in common]
     return statistics.correlation(ranks_a, ranks_b)
+
+
+def slowed(trajectory: WindowTrajectory, factor: float) -> WindowTrajectory:
+    """The window with every producer's publications `factor` times later, measured from that
+    producer's first start (a producer `factor` times slower; the target's side unchanged)."""
+    return replace(trajectory, sources={name: _stretched(pubs, factor) for name, pubs in trajectory.sources.items()})
+
+
+def _stretched(publications: list[Publication], factor: float) -> list[Publication]:
+    if not publications:
+        return publications
+    origin = min(p.started for p in publications)
+    return [
+        replace(p, started=origin + (p.started - origin) * factor, published=origin + (p.published - origin) * factor)
+        for p in publications
+    ]
+
+
+def hedged_catalog(
+    trajectories: list[WindowTrajectory],
+    profile: CostProfile,
+    producers: list[str],
+    budgets=BUDGETS,
+    also: tuple[Entry, ...] = (),
+    slowdown: float = PRODUCER_SLOWDOWN,
+) -> Catalog:
+    """`replay_catalog`, each entry charged per window the slower of its replay as collected and
+    with its producer `slowdown` times slower."""
+    nominal = replay_catalog(trajectories, profile, producers, budgets, also)
+    slow = replay_catalog([slowed(t, slowdown) for t in trajectories], profile, producers, budgets, also)
+    seconds = {
+        entry: [max(pair) for pair in zip(row, slow.seconds[entry], strict=True)]
+        for entry, row in nominal.seconds.items()
+    }
+    return Catalog(nominal.trajectories, seconds, nominal.target_seconds, nominal.fallbacks)
