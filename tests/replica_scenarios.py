@@ -137,9 +137,9 @@ def main(out: str) -> None:
         with tempfile.TemporaryDirectory() as scratch:
             target_dir = save_tiny(target, Path(scratch) / "target")
             reports["resync"] = scenario(target_dir, drafter, joined, kill=True, timeout_s=60)
-            reports["unsticky"] = scenario(target_dir, drafter, [*joined, "--unsticky-routing"], False, 10)
+            reports["unsticky"] = scenario(target_dir, drafter, [*joined, "--unsticky-routing"], False, 6)
             control = [*joined, "--no-resync-on-death", "--replica-restarts", "0"]
-            reports["no_resync"] = scenario(target_dir, drafter, control, kill=True, timeout_s=8)
+            reports["no_resync"] = scenario(target_dir, drafter, control, kill=True, timeout_s=5)
     finally:
         subprocess.run([str(Path(sys.executable).parent / "ray"), "stop", "--force"], capture_output=True)
     Path(out).write_text(json.dumps(reports, default=str))

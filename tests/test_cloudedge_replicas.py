@@ -52,6 +52,7 @@ def test_a_killed_replica_loses_nothing(scenarios):
     # the survivor and the replica Ray restarted answer; neither saw a block of a request it did not hold
     assert [r.get("error") for r in run["counters"]["replicas"]] == [None, None], run["counters"]["replicas"]
     assert _replica_nacks(run, "unknown") == 0
+    assert run["counters"]["replicas"][1]["cloud"]["opens"] >= 1  # both replicas held requests (the other died)
 
 
 def test_control_routing_by_frame_is_caught(scenarios):
@@ -90,3 +91,17 @@ def test_replicas_without_ray_name_the_extra_and_plain_serve_cloud_needs_none(pa
         assert "ready" in wait_ready(plain)
     finally:
         assert stop_process(plain)[0] == 0
+
+
+def test_bench_cloud_replicas_are_a_variant_per_count():
+    from asyncspec.benchmarks.cloud_load import parse_variants
+    from asyncspec.errors import InputError
+
+    assert parse_variants(None, "1,2") == {
+        "replicas-1": ["--replicas", "1", "--replica-threads", "1"],
+        "replicas-2": ["--replicas", "2", "--replica-threads", "1"],
+    }
+    assert list(parse_variants(["one=--max-stack 1"], "2")) == ["replicas-2", "one"]
+    assert parse_variants(None) == {"as-is": []}
+    with pytest.raises(InputError):
+        parse_variants(None, "1,x")
