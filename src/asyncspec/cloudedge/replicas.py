@@ -39,6 +39,9 @@ class FrontConfig:
     max_message_bytes: int = limits.DEFAULT_MAX_MESSAGE_BYTES
     max_block: int = 64
     tick_s: float = 1.0  # an idle replica still gets a step this often (its idle drops, a restart's check)
+    # after a step's verdicts go out, its next step waits up to this long for the next blocks of the
+    # requests just answered, so that they are verified as one batch (the single cloud's drain_s)
+    gather_s: float = 0.02
     # test switches, the negative controls: route every frame round-robin instead of by request; on a
     # replica's death, keep its routes and drop its lost frames instead of resynchronising them
     sticky: bool = True
@@ -78,6 +81,8 @@ class ReplicaLink:
     free_kv: int = 0
     alive: bool = True
     busy: bool = False
+    awaiting: set[int] = field(default_factory=set)  # requests just answered, whose next block may come
+    gather_until: float = 0.0
     retired: bool = False  # dead for good (Ray restarts it no more): takes no frames again
     last_step: float = 0.0
 
@@ -126,7 +131,9 @@ class ReplicaFront:
         poller.register(self._wake_r, zmq.POLLIN)
         on_ready()
         while not should_stop():
-            events = dict(poller.poll(100))
+            waits = [link.gather_until for link in self.links if link.inbox and link.in_flight is None]
+            timeout = max(0, min([100, *(1000 * (t - time.monotonic()) for t in waits)]))
+            events = dict(poller.poll(int(timeout) + 1 if waits else 100))
             if self._wake_r in events:
                 os.read(self._wake_r, 4096)
             for _ in range(10_000):
@@ -144,11 +151,18 @@ class ReplicaFront:
         for link in self.links:
             if link.in_flight is not None or link.retired:
                 continue
+            if link.inbox and not link.busy and self._gathering(link, now):
+                continue
             if link.inbox or link.busy or now - link.last_step > self.config.tick_s:
-                link.sent, link.inbox = link.inbox, []
+                link.sent, link.inbox, link.awaiting = link.inbox, [], set()
                 link.in_flight, link.last_step = link.actor.step.remote(link.sent), now
                 link.in_flight.future().add_done_callback(lambda _: os.write(self._wake_w, b"."))
                 self.counters.steps += 1
+
+    def _gathering(self, link: ReplicaLink, now: float) -> bool:
+        """Whether the link still waits for the next blocks of requests its last step answered."""
+        arrived = {wire.request_of(message) for _, message, _ in link.inbox}
+        return now < link.gather_until and not link.awaiting <= arrived
 
     def _collect(self) -> None:
         import ray
@@ -177,6 +191,9 @@ class ReplicaFront:
         link.alive, link.busy, link.free_kv, link.sent = True, result["busy"], result["free_kv"], []
         for identity, frame, message in result["replies"]:
             self.channel.send_frame(frame, message, identity)
+            if isinstance(message, wire.Verdict):
+                link.awaiting.add(message.id.request)
+        link.gather_until = time.monotonic() + self.config.gather_s
         waiting = {wire.request_of(message) for _, message, _ in link.inbox}
         for request in [r for r, held_by in self.routes.items() if held_by is link]:
             if request not in result["held"] and request not in waiting:  # closed, refused or dropped there
