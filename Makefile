@@ -5,15 +5,17 @@ APT_PACKAGES := pocketsphinx-testdata espeak-ng sox libsndfile1 festival festvox
   festvox-italp16k festvox-itapc16k festvox-suopuhe-lj festvox-suopuhe-mv festvox-ru
 STAMP := $(VENV)/.installed
 QWEN_STAMP := $(VENV)/.qwen-installed
+RAY_STAMP := $(VENV)/.ray-installed
 
-.PHONY: demo test lint setup system-packages qwen clean
+.PHONY: demo test lint setup system-packages qwen ray clean
 
 demo: setup
 	$(VENV)/bin/asyncspec models prepare whisper-base whisper-tiny.en
 	$(VENV)/bin/asyncspec demo
 
-# The tests include the real Qwen pair (exactness through the services), so they prepare it too.
-test: setup lint qwen
+# The tests include the real Qwen pair (exactness through the services), so they prepare it too,
+# and the verifier replicas on Ray (the optional `ray` extra; `make demo` installs no Ray).
+test: setup lint qwen ray
 	$(VENV)/bin/asyncspec models prepare whisper-base whisper-tiny.en
 	$(PY) -m pytest -q -rs --durations=20
 
@@ -48,6 +50,13 @@ qwen: setup $(QWEN_STAMP)
 $(QWEN_STAMP): $(STAMP)
 	$(PY) -m pip install -q -e '.[qwen,dev,bench]'
 	touch $(QWEN_STAMP)
+
+# Ray for `serve cloud --replicas N` and its tests (pinned in pyproject.toml's `ray` extra).
+ray: setup $(RAY_STAMP)
+
+$(RAY_STAMP): $(STAMP)
+	$(PY) -m pip install -q -e '.[ray,dev,bench]'
+	touch $(RAY_STAMP)
 
 clean:
 	rm -rf $(VENV)

@@ -5,7 +5,8 @@ what the cloud itself sustains. This replays the blocks a real run sent (their c
 `serve cloud --record-traffic`, e.g. through `bench cloudedge --record-traffic`) against a real
 `serve cloud` over its ZeroMQ front, from `--concurrency` sessions at once (each its own DEALER,
 as edges are), each sending its next block as soon as the last verdict came: nothing is drafted,
-so the cloud is what is measured. Every reply is checked against the recorded one (a mismatch
+so the cloud is what is measured (`--replicas 1,2`: a `serve cloud --replicas N` per count, N
+verifier replicas on Ray behind one front). Every reply is checked against the recorded one (a mismatch
 fails the command). Per variant (a `serve cloud` with its own extra arguments, e.g. batching on
 or off): verified tokens per second (accepted candidates + 1 per verdict), p50/p99 verdict
 latency, and the cloud's busy share (its forward seconds over the replay's wall)."""
@@ -135,13 +136,23 @@ def measure_variant(args, name: str, extra: list[str], sessions: list[list[Step]
     finally:
         stop_service(cloud)
     found = COUNTERS.search(log.read_text())
-    result.busy_s = json.loads(found.group(1))["cloud"]["forward_s"] if found else None
+    cloud = json.loads(found.group(1))["cloud"] if found else None
+    # with replicas: their forward seconds summed, over their number (the busy share is per replica)
+    result.busy_s = cloud["forward_s"] / cloud.get("replicas", 1) if cloud else None
     return result
 
 
-def parse_variants(values: list[str] | None) -> dict[str, list[str]]:
+def parse_variants(values: list[str] | None, replicas: str | None = None) -> dict[str, list[str]]:
+    """NAME -> extra `serve cloud` arguments; `replicas` ("1,2"): a variant per replica count, each
+    replica on Ray with one thread (`--replicas N --replica-threads 1`)."""
     variants = {}
-    for value in values or ["as-is="]:
+    for count in (replicas or "").split(","):
+        if not count.strip():
+            continue
+        if not count.strip().isdigit() or int(count) < 1:
+            raise InputError(f"--replicas must be comma-separated positive counts, not {replicas!r}")
+        variants[f"replicas-{int(count)}"] = ["--replicas", str(int(count)), "--replica-threads", "1"]
+    for value in values or ([] if variants else ["as-is="]):
         name, _, extra = value.partition("=")
         if not name:
             raise InputError(f"--variant {value!r}: give NAME=ARGS")
@@ -159,7 +170,7 @@ def run(args) -> int:
     print(f"{len(found.sessions)} sessions to replay; left out: {found.left_out or 'none'}")
     results = []
     with tempfile.TemporaryDirectory(prefix="asyncspec-bench-cloud-") as scratch:
-        for name, extra in parse_variants(args.variant).items():
+        for name, extra in parse_variants(args.variant, args.replicas).items():
             result = measure_variant(args, name, extra, found.sessions, Path(scratch))
             results.append(result.summary())
             print(_line(results[-1]))

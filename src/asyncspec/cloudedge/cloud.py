@@ -1,11 +1,11 @@
 """The cloud verifier: holds the target and every open request's KV; verifies queued blocks of
 many requests as one batch step (seed 002 §IV-C2) and answers each block.
 
-Loop: drain the ROUTER socket (Open / Block / CorrectionQuery / Close / Ping) -> blocks go to one
-global queue regardless of how they arrived -> `run_batch` takes up to `max_batch` of them (one
-per request), checks each against its request's confirmed prefix, extends every request's KV
-(batcher.Batching: stacked calls where proven bitwise equal to a call per request, so every
-verdict equals target-only decoding), decides, crops the rejected positions, replies.
+Loop: drain the ROUTER socket (Open / Block / CorrectionQuery / Close / Ping) -> one global block
+queue -> `work`: `run_batch` takes up to `max_batch` blocks (one per request), checks each against
+its request's confirmed prefix, extends every request's KV (batcher.Batching: stacked calls where
+proven bitwise equal to a call per request), decides, crops the rejected positions, replies. As a
+Ray replica (replica.py) the front's step calls `handle` and `work` instead of this loop.
 
 Idempotence: every reply is cached under its block id (and correction range); a duplicate or
 late retransmission is answered from the cache byte for byte — nothing is sampled twice. The
@@ -91,11 +91,15 @@ class CloudVerifier:
             timeout = 0 if self.queue or self.opening else self.config.poll_ms
             if poller.poll(timeout):
                 self._drain(poller)
-            if self.queue:
-                self._wait_for_more(poller)
-                self._run_batch_guarded()
-            self._prefill_while_idle()
-            self._drop_idle()
+            self._wait_for_more(poller)
+            self.work()
+
+    def work(self) -> None:
+        """A turn's work once frames were read: a batch if blocks wait, an idle prefill, idle drops."""
+        if self.queue:
+            self._run_batch_guarded()
+        self._prefill_while_idle()
+        self._drop_idle()
 
     def _run_batch_guarded(self) -> None:
         """A batch whose forward fails is lost, not the service: its blocks go unanswered, their
@@ -134,7 +138,7 @@ class CloudVerifier:
 
     def _wait_for_more(self, poller: zmq.Poller) -> None:
         deadline = time.monotonic() + self.config.batch_wait_s
-        while len(self.queue) < self.config.max_batch and time.monotonic() < deadline:
+        while 0 < len(self.queue) < self.config.max_batch and time.monotonic() < deadline:
             if poller.poll(max(1, int((deadline - time.monotonic()) * 1000))):
                 self._drain(poller)
 
@@ -237,7 +241,7 @@ class CloudVerifier:
             return
         self.counters.opens += 1
         if existing is not None:  # a resynchronisation: the open block will be verified afresh
-            self._forget_replies(message.request)
+            self.replies.forget(message.request)
             if self._rewind(existing, message, tokens):
                 return
         self.requests.pop(message.request, None)  # its KV no longer matches: blocks wait for the new prefill
@@ -279,9 +283,6 @@ class CloudVerifier:
         request.pending, request.expected_root = None, None
         self.counters.rewinds += 1
         return True
-
-    def _forget_replies(self, request: int) -> None:
-        self.replies.forget(request)
 
     def _drop_request(self, request: int) -> None:
         """Everything held for a request: its KV, its owner's quota, its cached replies, its byte counters."""

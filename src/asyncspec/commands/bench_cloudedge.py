@@ -72,6 +72,9 @@ def add_cloud_arguments(bench) -> None:
         "--variant", action="append", metavar="NAME=ARGS",
         help="a cloud to measure: NAME and its extra `serve cloud` arguments (repeatable; default: one, as is)",
     )  # fmt: skip
+    bench.add_argument(
+        "--replicas", metavar="N,N", help="also a variant per replica count: `serve cloud --replicas N` on Ray"
+    )
     bench.add_argument("--timeout", type=float, default=600.0, help="seconds per variant")
     bench.add_argument("--out", default="out")
     bench.add_argument("--json", metavar="FILE", help="JSON path (default: OUT/bench_cloud.json)")

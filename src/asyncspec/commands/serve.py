@@ -24,7 +24,7 @@ class StopFlag:
         return self.event.is_set()
 
 
-def _load(name: str, dtype: str, engine: str = "fixed-shape"):
+def load_model(name: str, dtype: str, engine: str = "fixed-shape"):
     from asyncspec.models.hf_causal import CausalLMBackend
     from asyncspec.models.registry import load_decoder
 
@@ -53,7 +53,7 @@ def run_cloud(args) -> int:
     curve = _server_curve(args, server_keys)
     require_keys_off_loopback(args.bind, curve, "--curve-secret", args.allow_insecure)
     attach_metrics = serve_cloud_metrics(args.metrics_port)  # before the model loads: a busy port fails at once
-    target = _load(args.model, args.dtype)
+    target = load_model(args.model, args.dtype) if args.replicas is None else None
     config = CloudConfig(
         max_batch=args.max_batch,
         max_stack=args.max_stack,
@@ -67,6 +67,10 @@ def run_cloud(args) -> int:
         max_message_bytes=args.max_message_bytes,
         decision_cache_bytes=args.reply_cache_bytes,
     )
+    if args.replicas is not None:
+        from asyncspec.commands.serve_replicas import run_replicas
+
+        return run_replicas(args, config, curve, StopFlag)
     cloud = CloudVerifier(target, config)
     attach_metrics(cloud)
     cloud.traffic.recording = TrafficRecording() if args.record_traffic else None
@@ -167,7 +171,7 @@ def run_edge(args) -> int:
     front_curve = _server_curve(args, server_keys)
     require_keys_off_loopback(args.bind, front_curve, "--curve-secret", args.allow_insecure)
     http = _bind_http(args) if args.http else None
-    drafter = _load(args.model, args.dtype, engine="transformers")  # drafts need not be exact
+    drafter = load_model(args.model, args.dtype, engine="transformers")  # drafts need not be exact
     gateway = EdgeGateway(drafter, args.cloud, policy, curve=cloud_curve)
     stop = StopFlag()
     try:

@@ -29,6 +29,7 @@ def add_serve_arguments(serve: argparse.ArgumentParser) -> None:
     cloud.add_argument("--metrics-port", type=int, metavar="PORT", help="Prometheus metrics on 127.0.0.1:PORT/metrics")
     cloud.add_argument("--record-traffic", metavar="FILE", help="write the frames received and sent at exit")
     _cloud_limits(cloud)
+    _replica_options(cloud)
     _curve_options(cloud, server=True)
     _model_options(cloud)
     edge = roles.add_parser("edge", help="edge gateway: the drafter, requests, scheduling, HTTP API")
@@ -88,6 +89,17 @@ def _cloud_limits(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--reply-cache-bytes", type=int, default=limits.DEFAULT_REPLY_CACHE_BYTES, help="cached replies, in bytes"
     )
+
+
+def _replica_options(parser: argparse.ArgumentParser) -> None:
+    """`--replicas N`: N verifier replicas as Ray actors behind this front (needs the ray extra)."""
+    parser.add_argument("--replicas", type=int, metavar="N", help="verifier replicas on Ray (default: one process)")
+    parser.add_argument("--ray-address", metavar="ADDR", help="join this Ray cluster (default: an embedded local one)")
+    parser.add_argument("--replica-threads", type=int, default=1, help="torch threads (and Ray CPUs) per replica")
+    parser.add_argument("--replica-restarts", type=int, default=3, help="times Ray restarts a dead replica")
+    # the negative controls of the replica tests: routing by frame instead of by request; no resync on a death
+    parser.add_argument("--unsticky-routing", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--no-resync-on-death", action="store_true", help=argparse.SUPPRESS)
 
 
 def _curve_options(parser: argparse.ArgumentParser, server: bool) -> None:

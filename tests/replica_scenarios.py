@@ -1,0 +1,149 @@
+"""The replica scenarios of test_cloudedge_replicas, run as one script inside a network namespace
+that has only loopback (ray_netns.run_in_loopback_netns), so that Ray cannot reach or advertise
+any address off this machine. Each scenario starts a real `serve cloud --replicas 2` (an embedded
+Ray, two replica actors on a tiny Qwen3 target), runs greedy requests through a real in-process
+edge gateway, and reports what the requests returned and the front's exit counters as JSON.
+
+Usage: python tests/replica_scenarios.py OUT.json"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from asyncspec.cloudedge import protocol as wire  # noqa: E402
+from asyncspec.cloudedge.edge import EdgeGateway  # noqa: E402
+from asyncspec.cloudedge.policy import EdgePolicy  # noqa: E402
+from asyncspec.decoding.target_only import decode_target_only  # noqa: E402
+from asyncspec.models.base import DecodeRequest  # noqa: E402
+from cloudedge_support import (  # noqa: E402
+    Collector,
+    ServiceThread,
+    free_address,
+    free_port,
+    model_pair,
+    save_tiny,
+    spawn,
+)
+
+PROMPTS = [[3, 17, 5, 8], [9, 2, 44], [12, 13, 14, 15, 16], [7, 7, 1]]
+TOKENS = 48
+COUNTERS = re.compile(r"asyncspec cloud stopped; counters: (\{.*\})")
+PIDS = re.compile(r"pids ([\d, ]+);")
+
+
+def submit(gateway: EdgeGateway, tokens: int) -> list[Collector]:
+    collectors = []
+    for prompt in PROMPTS:
+        collector = Collector()
+        gateway.submit(prompt, tokens, wire.Sampling(), 0.0, collector)
+        collectors.append(collector)
+    return collectors
+
+
+def finished(collectors: list[Collector], timeout_s: float) -> list[dict | None]:
+    """Each request's final event, or None for one that did not finish within timeout_s."""
+    deadline = time.monotonic() + timeout_s
+    for collector in collectors:
+        collector.done.wait(max(0.0, deadline - time.monotonic()))
+    return [c.result if c.done.is_set() else None for c in collectors]
+
+
+def scenario(target_dir: Path, drafter, extra: list[str], kill: bool, timeout_s: float) -> dict:
+    """A `serve cloud --replicas 2` with `extra` arguments: a first round of requests, then a second
+    during which (if `kill`) replica 0's process is killed with SIGKILL once every request has output."""
+    address = free_address()
+    cloud = spawn(
+        "serve", "cloud", "--replicas", "2", "--model", str(target_dir), "--dtype", "fp32", "--bind", address, *extra
+    )
+    report: dict = {"extra": extra}
+    started = time.monotonic()
+    try:
+        ready = _ready(cloud)
+        report["ready_s"] = round(time.monotonic() - started, 1)
+        pids = [int(p) for p in PIDS.search(ready).group(1).split(",")]
+        report["ready"], report["pids"] = ready.strip(), pids
+        gateway = EdgeGateway(drafter, address, EdgePolicy(block_size=5))
+        edge = ServiceThread(gateway).start()
+        try:
+            report["first"] = [_tokens(r) for r in finished(submit(gateway, TOKENS), timeout_s)]
+            collectors = submit(gateway, TOKENS)
+            if kill:
+                deadline = time.monotonic() + timeout_s
+                while time.monotonic() < deadline and not all(len(c.events) > 1 for c in collectors):
+                    time.sleep(0.005)
+                os.kill(pids[0], signal.SIGKILL)
+                report["killed_at_events"] = [len(c.events) for c in collectors]
+            report["second"] = [_tokens(r) for r in finished(collectors, timeout_s)]
+            report["edge"] = gateway.summary()
+        finally:
+            edge.close()
+    finally:
+        cloud.send_signal(signal.SIGTERM)
+        _, stderr = cloud.communicate(timeout=60)
+    found = COUNTERS.search(stderr)
+    report["counters"] = json.loads(found.group(1)) if found else None
+    report["stderr_tail"] = stderr[-3000:]
+    report["scenario_s"] = round(time.monotonic() - started, 1)
+    return report
+
+
+def _ready(process) -> str:
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        line = process.stdout.readline()
+        if "ready" in line:
+            return line
+        if not line and process.poll() is not None:
+            raise RuntimeError(f"serve cloud exited {process.returncode}: {process.stderr.read()[-3000:]}")
+    raise RuntimeError("serve cloud printed no ready line")
+
+
+def _tokens(result: dict | None):
+    if result is None:
+        return None
+    return result["tokens"] if result["type"] == "done" else {"error": result.get("message")}
+
+
+def ray_cluster(port: int) -> str:
+    """A Ray head on loopback (`ray start --head`), which the scenarios' clouds join (--ray-address)."""
+    ray = str(Path(sys.executable).parent / "ray")
+    head = [ray, "start", "--head", "--node-ip-address", "127.0.0.1", "--port", str(port), "--num-cpus", "4"]
+    started = subprocess.run([*head, "--include-dashboard=false", "--disable-usage-stats"], capture_output=True)
+    if started.returncode != 0:
+        raise RuntimeError(f"ray start failed: {started.stderr.decode()[-2000:]}")
+    return f"127.0.0.1:{port}"
+
+
+def main(out: str) -> None:
+    target, drafter = model_pair(noise=0.05, family="qwen3")
+    expected = [
+        decode_target_only(target, None, DecodeRequest(tuple(p), max_new_tokens=TOKENS)).tokens for p in PROMPTS
+    ]
+    reports: dict = {"expected": expected}
+    os.environ["RAY_AUTH_MODE"] = "token"  # the head makes (or finds) a token; a driver that joins must send it
+    address = ray_cluster(free_port())
+    joined = ["--ray-address", address]
+    try:
+        with tempfile.TemporaryDirectory() as scratch:
+            target_dir = save_tiny(target, Path(scratch) / "target")
+            reports["resync"] = scenario(target_dir, drafter, joined, kill=True, timeout_s=60)
+            reports["unsticky"] = scenario(target_dir, drafter, [*joined, "--unsticky-routing"], False, 6)
+            control = [*joined, "--no-resync-on-death", "--replica-restarts", "0"]
+            reports["no_resync"] = scenario(target_dir, drafter, control, kill=True, timeout_s=5)
+    finally:
+        subprocess.run([str(Path(sys.executable).parent / "ray"), "stop", "--force"], capture_output=True)
+    Path(out).write_text(json.dumps(reports, default=str))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
