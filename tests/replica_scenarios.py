@@ -38,6 +38,7 @@ from cloudedge_support import (  # noqa: E402
 PROMPTS = [[3, 17, 5, 8], [9, 2, 44], [12, 13, 14, 15, 16], [7, 7, 1]]
 TOKENS = 48
 COUNTERS = re.compile(r"asyncspec cloud stopped; counters: (\{.*\})")
+WINDOW_S = 0.1  # how far back the kill looks for the replica doing the work
 PIDS = re.compile(r"pids ([\d, ]+);")
 
 
@@ -60,7 +61,8 @@ def finished(collectors: list[Collector], timeout_s: float) -> list[dict | None]
 
 def scenario(target_dir: Path, drafter, extra: list[str], kill: bool, timeout_s: float) -> dict:
     """A `serve cloud --replicas 2` with `extra` arguments: a first round of requests, then a second
-    during which (if `kill`) replica 0's process is killed with SIGKILL once every request has output."""
+    during which (if `kill`) the busier replica's process is killed with SIGKILL once every request has
+    output."""
     address = free_address()
     cloud = spawn(
         "serve", "cloud", "--replicas", "2", "--model", str(target_dir), "--dtype", "fp32", "--bind", address, *extra
@@ -78,11 +80,8 @@ def scenario(target_dir: Path, drafter, extra: list[str], kill: bool, timeout_s:
             report["first"] = [_tokens(r) for r in finished(submit(gateway, TOKENS), timeout_s)]
             collectors = submit(gateway, TOKENS)
             if kill:
-                deadline = time.monotonic() + timeout_s
-                while time.monotonic() < deadline and not all(len(c.events) > 1 for c in collectors):
-                    time.sleep(0.005)
-                os.kill(pids[0], signal.SIGKILL)
-                report["killed_at_events"] = [len(c.events) for c in collectors]
+                killed = _kill_when_all_have_output(pids, collectors, timeout_s)
+                report["killed"], report["killed_at_events"] = pids.index(killed), [len(c.events) for c in collectors]
             report["second"] = [_tokens(r) for r in finished(collectors, timeout_s)]
             report["edge"] = gateway.summary()
         finally:
@@ -95,6 +94,30 @@ def scenario(target_dir: Path, drafter, extra: list[str], kill: bool, timeout_s:
     report["stderr_tail"] = stderr[-3000:]
     report["scenario_s"] = round(time.monotonic() - started, 1)
     return report
+
+
+def _kill_when_all_have_output(pids: list[int], collectors, timeout_s: float) -> int:
+    """SIGKILL the replica busiest over the last WINDOW_S once every request has output: one that
+    holds unfinished requests. Routing goes by free KV bytes as the replicas last reported them, so
+    on a loaded machine all requests can land on one replica, or one replica's can finish first;
+    killing the idle one would test nothing."""
+    deadline = time.monotonic() + timeout_s
+    samples = [(time.monotonic(), [_cpu_ticks(pid) for pid in pids])]
+    while time.monotonic() < deadline and not all(len(c.events) > 1 for c in collectors):
+        time.sleep(0.005)
+        samples.append((time.monotonic(), [_cpu_ticks(pid) for pid in pids]))
+        while len(samples) > 2 and samples[1][0] <= samples[-1][0] - WINDOW_S:
+            samples.pop(0)  # keep the oldest sample that is at least WINDOW_S old
+    now = [_cpu_ticks(pid) for pid in pids]
+    used = [after - before for after, before in zip(now, samples[0][1], strict=True)]
+    killed = pids[used.index(max(used))]
+    os.kill(killed, signal.SIGKILL)
+    return killed
+
+
+def _cpu_ticks(pid: int) -> int:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])  # utime + stime
 
 
 def _ready(process) -> str:

@@ -81,6 +81,16 @@ def first_rejection(
     return None
 
 
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many leading tokens `a` and `b` share."""
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
 def probabilities(logits: torch.Tensor, temperature: float) -> torch.Tensor:
     """softmax(logits / T) over the last axis, float32; suppressed (-inf) entries get 0."""
     return torch.softmax(logits.float() / temperature, dim=-1)

@@ -9,15 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-
-def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    """How many leading tokens `a` and `b` share."""
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n
+from asyncspec.verify import common_prefix
 
 
 def first_divergence(a: Sequence[int], b: Sequence[int]) -> int | None:

@@ -26,10 +26,10 @@ import zmq
 
 from asyncspec.cloudedge import limits, validation, verdicts
 from asyncspec.cloudedge import protocol as wire
-from asyncspec.cloudedge.auth import CurveKeys, start_authenticator
+from asyncspec.cloudedge.auth import CurveKeys
 from asyncspec.cloudedge.batcher import Batching, BlockQueue
 from asyncspec.cloudedge.cloud_state import CloudConfig, CloudCounters, CloudRequest, PendingOpen, reply_key
-from asyncspec.cloudedge.transport import Channel, TrafficCounters, make_socket
+from asyncspec.cloudedge.transport import Channel, TrafficCounters, serving_channel
 from asyncspec.models.hf_causal import CausalLMBackend
 from asyncspec.models.selftest import require_invariant
 
@@ -64,20 +64,13 @@ class CloudVerifier:
         curve: CurveKeys | None = None,
     ) -> None:
         """Serve until should_stop(); `curve`: this cloud's CURVE keys (and the edges it admits)."""
-        # an authenticator is one per context: a cloud that checks client keys gets a context of its own
-        context = zmq.Context() if curve is not None and curve.authorized_dir else zmq.Context.instance()
-        authenticator = start_authenticator(context, curve)
-        socket = make_socket(context, zmq.ROUTER, address, True, self.config.max_message_bytes, curve)
         caps = limits.cloud_frame_caps(self.target.max_length, self.target.vocab_size, self.config.max_block)
-        keyed = authenticator is not None  # each frame names the client key it was admitted under
-        self.channel = Channel(socket, self.traffic, self._invalid_frame, self._tracked, caps, keyed)
-        try:
+        max_bytes = self.config.max_message_bytes
+        with serving_channel(
+            address, curve, max_bytes, self.traffic, self._invalid_frame, self._tracked, caps
+        ) as channel:
+            self.channel = channel
             self._loop(should_stop, on_ready)
-        finally:
-            self.channel.close()
-            if authenticator is not None:
-                authenticator.stop()
-                context.term()
 
     def _tracked(self, request: int, message: wire.Message) -> bool:
         """Byte counters only for requests that opened (an Open is counted; refused, it is forgotten)."""

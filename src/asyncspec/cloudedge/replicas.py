@@ -29,9 +29,9 @@ import zmq
 
 from asyncspec.cloudedge import limits
 from asyncspec.cloudedge import protocol as wire
-from asyncspec.cloudedge.auth import CurveKeys, start_authenticator
+from asyncspec.cloudedge.auth import CurveKeys
 from asyncspec.cloudedge.replica import Routed
-from asyncspec.cloudedge.transport import Channel, TrafficCounters, make_socket
+from asyncspec.cloudedge.transport import Channel, TrafficCounters, serving_channel
 
 
 @dataclass(frozen=True)
@@ -110,20 +110,15 @@ class ReplicaFront:
         on_ready: Callable[[], None] = lambda: None,
         curve: CurveKeys | None = None,
     ) -> None:
-        context = zmq.Context() if curve is not None and curve.authorized_dir else zmq.Context.instance()
-        authenticator = start_authenticator(context, curve)
-        socket = make_socket(context, zmq.ROUTER, address, True, self.config.max_message_bytes, curve)
         caps = limits.cloud_frame_caps(self.info["max_length"], self.info["vocab_size"], self.config.max_block)
-        self.channel = Channel(socket, self.traffic, self._invalid_frame, None, caps, authenticator is not None)
+        max_bytes = self.config.max_message_bytes
         try:
-            self._loop(should_stop, on_ready)
+            with serving_channel(address, curve, max_bytes, self.traffic, self._invalid_frame, None, caps) as channel:
+                self.channel = channel
+                self._loop(should_stop, on_ready)
         finally:
-            self.channel.close()
             os.close(self._wake_r)
             os.close(self._wake_w)
-            if authenticator is not None:
-                authenticator.stop()
-                context.term()
 
     def _loop(self, should_stop: Callable[[], bool], on_ready: Callable[[], None]) -> None:
         poller = zmq.Poller()

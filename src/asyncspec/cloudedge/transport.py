@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import zmq
@@ -194,3 +195,32 @@ class Channel:
 
     def close(self) -> None:
         self.socket.close(linger=0)
+
+
+@contextmanager
+def serving_channel(
+    address: str,
+    curve,
+    max_message_bytes: int,
+    counters: TrafficCounters,
+    on_rejected: Rejected,
+    tracked: Callable[[int, Message], bool] | None,
+    frame_caps: dict[int, int],
+) -> Iterator[Channel]:
+    """A service's bound ROUTER Channel (CURVE with `curve`, an auth.CurveKeys; its allow-list checked
+    by a ZAP authenticator), closed with the authenticator on exit."""
+    from asyncspec.cloudedge.auth import start_authenticator
+
+    # an authenticator is one per context: a service that checks client keys gets a context of its own
+    context = zmq.Context() if curve is not None and curve.authorized_dir else zmq.Context.instance()
+    authenticator = start_authenticator(context, curve)
+    socket = make_socket(context, zmq.ROUTER, address, True, max_message_bytes, curve)
+    keyed = authenticator is not None  # each frame names the client key it was admitted under
+    channel = Channel(socket, counters, on_rejected, tracked, frame_caps, keyed)
+    try:
+        yield channel
+    finally:
+        channel.close()
+        if authenticator is not None:
+            authenticator.stop()
+            context.term()

@@ -18,7 +18,7 @@ import torch
 from asyncspec.errors import InputError
 from asyncspec.models.base import Decoder, DecodeRequest, DecoderState
 from asyncspec.shaping import NEUTRAL, Shaping, nucleus, penalised
-from asyncspec.verify import probabilities
+from asyncspec.verify import common_prefix, probabilities
 
 
 @dataclass
@@ -132,7 +132,7 @@ class PrefixDrafter:
         """Drafter state := prompt + wanted with fresh next logits, keeping the common KV prefix."""
         full = self.state.tokens[: self.prompt_len] + wanted
         have = self.state.tokens
-        keep = _common_prefix(have, full)
+        keep = common_prefix(have, full)
         if keep == len(full) == len(have) and self.state.next_logits is not None:
             return
         keep = min(keep, len(full) - 1)  # at least one token is re-fed, to get its logits
@@ -169,12 +169,3 @@ class PrefixDrafter:
             converted = self.target.tokenizer.encode(text[len(before) :]) if text.startswith(before) else []
         converted = (converted + ([self.target_eos] if ends and self.target_eos is not None else []))[:max_tokens]
         return Proposal(converted, confidences, None, len(tokens))
-
-
-def _common_prefix(a: list[int], b: list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n
