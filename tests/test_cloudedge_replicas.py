@@ -52,7 +52,8 @@ def test_a_killed_replica_loses_nothing(scenarios):
     # the survivor and the replica Ray restarted answer; neither saw a block of a request it did not hold
     assert [r.get("error") for r in run["counters"]["replicas"]] == [None, None], run["counters"]["replicas"]
     assert _replica_nacks(run, "unknown") == 0
-    assert run["counters"]["replicas"][1]["cloud"]["opens"] >= 1  # both replicas held requests (the other died)
+    # which replica took the orphans depends on the free KV bytes reported at the resync: either may
+    # (the killed one is restarted by Ray with fresh counters), so no replica's own count is asserted
 
 
 def test_control_routing_by_frame_is_caught(scenarios):
