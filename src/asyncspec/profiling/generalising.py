@@ -1,7 +1,7 @@
 """Selection that generalises beyond the windows it was made on (issue #29).
 
 Pooled replay throughput alone picked, on a synthetic split, a configuration 10 % slower on real
-speech. Two guards:
+speech. Three guards:
 - **within noise, more windows won**: entries whose pooled throughput is within the replay's
   error of the best (REPLAY_NOISE) are tied; among them the one fastest on the most windows wins
   (then the higher pooled figure, then the smaller budget), so that one long window that favours
