@@ -139,11 +139,13 @@ def fuzz_batches(live, pair, address: str, account: FrameAccount, name: str, fix
     per_frame = steady_growth(retained)
     figures = {"frames": sent, "replies": replies, "failed_normal_requests": len(problems), **account.figures()}
     figures |= {"retained_bytes_per_frame": round(per_frame, 3), "peak_rss_mib": round(peak, 1)}
+    figures["retained_bytes_per_batch"] = [size for _, size in retained]
     figures |= {"baseline_rss_mib": round(baseline_rss, 1)}
     record(name, **figures, services_alive=live.alive())
     assert problems == [], problems
     assert figures["decoder_errors"] == 0 and figures["request_errors"] == 0, figures
-    assert per_frame <= LEAK_BOUND_BYTES_PER_FRAME, figures
+    series = figures["retained_bytes_per_batch"]
+    assert per_frame <= LEAK_BOUND_BYTES_PER_FRAME, f"{per_frame:.2f} bytes per frame; retained per batch {series}"
     assert peak - baseline_rss < RSS_GROWTH_BOUND_MIB, figures  # tensors (KV caches) tracemalloc does not see
     return figures
 
