@@ -14,7 +14,7 @@ from asyncspec.decoding.specasr import AdaptiveRecyclingSource, Rejection, reali
 from asyncspec.decoding.speculative import speculative_decode
 from asyncspec.errors import InputError
 from asyncspec.models.base import DecodeRequest
-from conftest import requires_qwen_pair, synthetic_speech, tiny_causal, tiny_whisper
+from conftest import QWEN_DTYPE, requires_qwen_pair, synthetic_speech, tiny_causal, tiny_whisper
 
 SPECULATIVE = ["sd", "specasr"]
 
@@ -142,12 +142,12 @@ def test_librivox_sd_and_specasr_equal_target_only(whisper_base_bf16):
 
 @pytest.mark.qwen
 @requires_qwen_pair
-def test_humaneval_prompts_with_qwen_pair_equal_target_only(qwen_15b_bf16):
+def test_humaneval_prompts_with_qwen_pair_equal_target_only(qwen_15b):
     from asyncspec.benchmarks.humaneval import humaneval_prompts
     from asyncspec.models.registry import load_decoder
 
-    target = qwen_15b_bf16
-    drafter = load_decoder("qwen2.5-coder-0.5b", "bf16", engine="transformers")
+    target = qwen_15b
+    drafter = load_decoder("qwen2.5-coder-0.5b", QWEN_DTYPE, engine="transformers")
     # one prompt: the real pair through the services is test_cloudedge_qwen's (each prompt here
     # costs ~30 s of 1.5B calls on a 2-core machine)
     (prompt,) = humaneval_prompts(1)
