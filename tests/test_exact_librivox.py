@@ -12,6 +12,7 @@ from asyncspec.data.windows import librivox_windows
 from asyncspec.decoding.methods import METHODS
 from asyncspec.decoding.result import DecodeConfig
 from asyncspec.models.pre_encoded import PreEncodedTarget
+from conftest import BF16_REAL
 
 JOINED = ("librivox-10s", "librivox-15s", "librivox-25s")  # one window of each length
 
@@ -27,7 +28,7 @@ def real_windows() -> list[tuple[str, np.ndarray]]:
 
 
 @pytest.mark.real
-@pytest.mark.parametrize("dtype", ["bf16", "fp32"])
+@pytest.mark.parametrize("dtype", [BF16_REAL, "fp32"])
 def test_every_method_equals_target_only_on_real_speech(dtype):
     from asyncspec.models.offline import ct2_model_dir
     from asyncspec.models.registry import load_decoder
