@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import secrets
 import signal
 import subprocess
 import sys
@@ -153,7 +154,11 @@ def main(out: str) -> None:
         decode_target_only(target, None, DecodeRequest(tuple(p), max_new_tokens=TOKENS)).tokens for p in PROMPTS
     ]
     reports: dict = {"expected": expected}
-    os.environ["RAY_AUTH_MODE"] = "token"  # the head makes (or finds) a token; a driver that joins must send it
+    # Ray's token authentication, with a token of this run's own: `ray start --head` does not make
+    # one (it failed on a fresh machine without ~/.ray/auth_token), and every process started from
+    # here (the head, the clouds that join it) reads it from the environment.
+    os.environ["RAY_AUTH_MODE"] = "token"
+    os.environ["RAY_AUTH_TOKEN"] = secrets.token_hex(32)
     address = ray_cluster(free_port())
     joined = ["--ray-address", address]
     try:
