@@ -181,8 +181,8 @@ def native_bf16() -> bool:
 
 # The real Qwen pair's exactness tests hold in any dtype; they run in bf16 where the CPU has it and
 # in fp32 elsewhere, as `--dtype auto` would choose (on the Zen 3 EPYC, bf16 made the services test
-# alone take over ten minutes). Their bf16 kernels are still checked there by test_fixed_shape and
-# test_independent_reference.
+# alone take over ten minutes). bf16 on real Qwen is still checked there by test_independent_reference
+# (0.5B's bf16 logits against transformers' fp32), and on the tiny models.
 QWEN_DTYPE = "bf16" if native_bf16() else "fp32"
 # A real model's bf16 variant of a test: on a CPU that emulates bf16 it costs minutes (the
 # LibriVox exactness test ran ~5 min there against 64 s on the AVX-512 EPYC), and asyncspec would
