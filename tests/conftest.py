@@ -23,6 +23,7 @@ from transformers import (
 
 from asyncspec.models.hf_causal import CausalLMBackend
 from asyncspec.models.hf_whisper import WhisperBackend
+from asyncspec.models.machine import cpu_identity
 from asyncspec.models.offline import REGISTRY, is_installed, is_prepared, model_dir
 from asyncspec.models.tokenizer import TextTokenizer
 
@@ -168,28 +169,23 @@ def producer(whisper_base_bf16):
     process.close()
 
 
-def native_bf16() -> bool:
-    """bf16 products in hardware (avx512_bf16 or AMX). Elsewhere oneDNN converts, and wide calls pay
-    most: measured on an AVX2-only Zen 3 EPYC (2026-12-03), one 64-row linear at Qwen 1.5B's MLP
-    shape took 185 ms in bf16 against 39 ms in fp32 (27 against 18 ms at 8 rows)."""
-    try:
-        flags = open("/proc/cpuinfo").read()
-    except OSError:
-        return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags
+# bf16 products in hardware (avx512_bf16 or AMX). Elsewhere oneDNN converts, and wide calls pay
+# most: measured on an AVX2-only Zen 3 EPYC (2026-12-03), one 64-row linear at Qwen 1.5B's MLP
+# shape took 185 ms in bf16 against 39 ms in fp32 (27 against 18 ms at 8 rows).
+NATIVE_BF16 = bool({"avx512_bf16", "amx_bf16"} & set(cpu_identity().replace("|", " ").split()))
 
 
 # The real Qwen pair's exactness tests hold in any dtype; they run in bf16 where the CPU has it and
 # in fp32 elsewhere, as `--dtype auto` would choose (on the Zen 3 EPYC, bf16 made the services test
 # alone take over ten minutes). bf16 on real Qwen is still checked there by test_independent_reference
 # (0.5B's bf16 logits against transformers' fp32), and on the tiny models.
-QWEN_DTYPE = "bf16" if native_bf16() else "fp32"
+QWEN_DTYPE = "bf16" if NATIVE_BF16 else "fp32"
 # A real model's bf16 variant of a test: on a CPU that emulates bf16 it costs minutes (the
 # LibriVox exactness test ran ~5 min there against 64 s on the AVX-512 EPYC), and asyncspec would
 # not choose bf16 there (`--dtype auto` measured fp32 fastest). bf16 on such a CPU stays checked on
 # the tiny models and by the self-test at every load.
 BF16_REAL = pytest.param(
-    "bf16", marks=pytest.mark.skipif(not native_bf16(), reason="real-model bf16 runs where the CPU has native bf16")
+    "bf16", marks=pytest.mark.skipif(not NATIVE_BF16, reason="real-model bf16 runs where the CPU has native bf16")
 )
 
 
