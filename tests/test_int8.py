@@ -6,6 +6,8 @@ the call, and a kernel that saturates products in int16 pairs is caught by the e
 
 from __future__ import annotations
 
+import argparse
+import json
 import warnings
 
 import pytest
@@ -187,3 +189,61 @@ def test_dtype_auto_is_measured_cached_and_refuses_inexact_int8(tmp_path, monkey
     refused = precision_choice.choose_precision(tmp_path)
     floats = {k: v for k, v in refused.measured_ms.items() if k != "int8"}
     assert refused.dtype == min(floats, key=floats.get) and "not exact" in refused.summary()
+
+
+def dtype_defaults(parser, path=()) -> dict[tuple[str, ...], object]:
+    """Every (sub)command that takes --dtype, with its default."""
+    found = {}
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                found |= dtype_defaults(sub, (*path, name))
+        elif "--dtype" in action.option_strings:
+            found[path] = sub_default if (sub_default := parser.get_default("dtype")) is not None else action.default
+    return found
+
+
+# bench cloudedge's --dtype stays unset until the pair is known: the tiny pair runs fp32, the Qwen
+# pair the precision auto measures for its target, resolved once for every process it starts
+RESOLVED_LATER = {("bench", "cloudedge"), ("bench", "correction")}
+
+
+def test_every_model_command_defaults_to_the_precision_measured_on_this_cpu():
+    """#28: a CPU without native bf16 (bf16 emulated: 4.7x fp32 at a 64-row call on an AVX2 Zen 3)
+    gets the fastest exact precision from the defaults, not bf16."""
+    from asyncspec.cli import build_parser
+
+    defaults = dtype_defaults(build_parser())
+    assert {("serve", "cloud"), ("serve", "edge"), ("generate",), ("transcribe",), ("profile",)} <= set(defaults)
+    wrong = {" ".join(path): d for path, d in defaults.items() if d != "auto" and path not in RESOLVED_LATER}
+    assert wrong == {}, f"commands whose --dtype default is not auto: {wrong}"
+    assert all(defaults[path] is None for path in RESOLVED_LATER)
+
+
+def test_generate_says_which_precision_auto_chose_and_computes_in_it(tmp_path, capsys):
+    from asyncspec.benchmarks.tiny_pair import save_tiny_pair
+    from asyncspec.cli import main
+    from asyncspec.models.precision_choice import choose_precision
+
+    target_dir, _ = save_tiny_pair(tmp_path)
+    chosen = choose_precision(target_dir).dtype
+    tokens, said = {}, {}
+    for name, dtype in (("default", []), ("explicit", ["--dtype", chosen])):
+        out = tmp_path / f"{name}.json"
+        argv = [
+            "generate",
+            "--model",
+            str(target_dir),
+            "--prompt",
+            "w3 w4 w5",
+            "--max-new-tokens",
+            "8",
+            "--json",
+            str(out),
+        ]
+        assert main([*argv, *dtype]) == 0
+        tokens[name] = json.loads(out.read_text())["records"][0]["token_ids"]
+        said[name] = capsys.readouterr().err
+    assert f"loaded {target_dir} {chosen}; dtype auto: {chosen} (" in said["default"], said["default"]
+    assert f"loaded {target_dir} {chosen}" in said["explicit"] and "dtype auto" not in said["explicit"]
+    assert tokens["default"] == tokens["explicit"] and len(tokens["default"]) == 8

@@ -320,6 +320,7 @@ def check_run(exactness: ExactnessCheck, result: dict, outputs, requests, expect
 
 def config_from_args(args) -> BenchConfig:
     from asyncspec.cloudedge.methods import parse_methods
+    from asyncspec.models.registry import concrete_dtype
 
     models = args.models or ("qwen" if _qwen_prepared() else "tiny")
     if models == "qwen" and not _qwen_prepared():
@@ -352,7 +353,8 @@ def config_from_args(args) -> BenchConfig:
         run_timeout_s=pick("run_timeout"),
         check_requests=pick("check_requests"),
         check_tokens=pick("check_tokens"),
-        dtype=args.dtype or ("fp32" if models == "tiny" else "bf16"),
+        # one concrete precision for the services and the references: "auto" is measured per thread count
+        dtype=args.dtype or ("fp32" if models == "tiny" else concrete_dtype(QWEN_PAIR[0], "auto")),
         seed=args.seed,
     )
     if config.requests < 1 or config.max_new_tokens < 1 or config.run_timeout_s <= 0:

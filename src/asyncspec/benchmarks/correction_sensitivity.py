@@ -210,8 +210,8 @@ def load_pair(models: str, dtype: str | None, scratch: Path):
         return load_decoder(str(target_dir), dtype or "fp32"), load_decoder(
             str(drafter_dir), dtype or "fp32", engine="transformers"
         )
-    return load_decoder("qwen2.5-coder-1.5b", dtype or "bf16"), load_decoder(
-        "qwen2.5-coder-0.5b", dtype or "bf16", engine="transformers"
+    return load_decoder("qwen2.5-coder-1.5b", dtype or "auto"), load_decoder(
+        "qwen2.5-coder-0.5b", dtype or "auto", engine="transformers"
     )
 
 

@@ -33,7 +33,7 @@ def add_cloudedge_arguments(bench) -> None:
     bench.add_argument("--run-timeout", type=float, help="seconds per run; a run cut short counts what it committed")
     bench.add_argument("--check-requests", type=int, help="greedy exactness check: requests per method (0: none)")
     bench.add_argument("--check-tokens", type=int, help="greedy exactness check: tokens per request")
-    bench.add_argument("--dtype", choices=["bf16", "fp32", "int8"], help="default: tiny fp32, qwen bf16")
+    bench.add_argument("--dtype", choices=["bf16", "fp32", "int8"], help="default: tiny fp32, qwen the fastest here")
     bench.add_argument("--seed", type=int, default=0)
     bench.add_argument("--record-traffic", metavar="FILE", help="the cloud's frames, for `bench cloud` to replay")
     bench.add_argument("--out", default="out", help="folder for the JSON and PNGs")
@@ -66,7 +66,7 @@ CLOUD_HELP = "the cloud verifier alone, replaying recorded edge traffic from M c
 def add_cloud_arguments(bench) -> None:
     bench.add_argument("--traffic", required=True, help="a recording from `serve cloud --record-traffic`")
     bench.add_argument("--model", required=True, help="the target the traffic was recorded against")
-    bench.add_argument("--dtype", default="bf16", choices=["bf16", "fp32", "int8"])
+    bench.add_argument("--dtype", default="auto", choices=["auto", "bf16", "fp32", "int8"], help="as it was recorded")
     bench.add_argument("--concurrency", type=int, default=4, help="sessions in flight at once")
     bench.add_argument(
         "--variant", action="append", metavar="NAME=ARGS",

@@ -72,7 +72,7 @@ def transformers_costs(args, calibration: Calibration) -> dict:
         model, calibration.request, calibration.reference, widths, offsets, args.repetitions, args.warmup, print
     )
     v_ms = {k: 1000 * mean(s for by_k in timings.values() for s in by_k[k]) for k in widths}
-    return {"engine": "transformers", "dtype": args.dtype, "v_ms": v_ms, "self_test": asdict(invariance(model))}
+    return {"engine": "transformers", "dtype": model.precision, "v_ms": v_ms, "self_test": asdict(invariance(model))}
 
 
 def measure_profile(args, out: Path, target: WhisperBackend | None = None) -> tuple[CostProfile, Calibration]:
@@ -86,7 +86,7 @@ def measure_profile(args, out: Path, target: WhisperBackend | None = None) -> tu
     target = loaded
     audio = load_audio(calibration_audio(out / "calibration"))
     request = target.request(audio)
-    print(f"profile: {target.name} {args.dtype}, calibration window {len(audio) / 16000:.1f} s")
+    print(f"profile: {target.describe()}; calibration window {len(audio) / 16000:.1f} s")
     target_runs = native_runs("target", target, None, request, REPEATS)
     reference = target_runs[0].tokens
     tokenizer_json = target.tokenizer.backend.to_str()
@@ -100,7 +100,7 @@ def measure_profile(args, out: Path, target: WhisperBackend | None = None) -> tu
         producer.close()
     drafter = load_decoder(args.drafter, args.dtype, engine="transformers")
     sd_runs = native_runs("sd", target, drafter, request, 2)
-    profile = build_profile(target, args.dtype, timings, as2d_runs, target_runs[1:], sd_runs, choice.chunk_s)
+    profile = build_profile(target, target.precision, timings, as2d_runs, target_runs[1:], sd_runs, choice.chunk_s)
     return profile, Calibration(target, request, reference, load)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from asyncspec.profiling.costs import DEFAULT_OFFSETS, DEFAULT_WIDTHS
 from asyncspec.profiling.deployed import CATALOG, config_path
+from asyncspec.run.options import add_dtype_option
 
 MAX_BUDGET = 24
 
@@ -17,7 +18,7 @@ def add_profile(profile) -> None:
     profile.add_argument("--producer", default="ct2-chunk@4s", help="producer for the concurrent sweep and loop costs")
     profile.add_argument("--producer-model", default="whisper-tiny.en")
     profile.add_argument("--drafter", default="whisper-tiny.en", help="sd drafter whose step cost is measured")
-    profile.add_argument("--dtype", default="bf16", choices=["bf16", "fp32", "fp16", "int8", "auto"])
+    add_dtype_option(profile)
     profile.add_argument("--max-width", type=int, default=max(DEFAULT_WIDTHS), help="widths K = 1..this")
     profile.add_argument("--offsets", default=",".join(map(str, DEFAULT_OFFSETS)), help="output tokens before calls")
     profile.add_argument("--repetitions", type=int, default=5)
@@ -44,7 +45,7 @@ def add_replay(replay) -> None:
     replay.add_argument(
         "--calibrate-every", type=int, default=0, help="validate: re-measure call costs before every N windows"
     )
-    replay.add_argument("--dtype", default="bf16", choices=["bf16", "fp32", "fp16", "int8", "auto"])
+    add_dtype_option(replay)
     replay.add_argument("--threads", type=int, default=1)
     replay.add_argument("--out", default="out")
     replay.add_argument("--json", metavar="FILE", help="write the report here (default: OUT/replay*.json)")
@@ -75,7 +76,7 @@ def add_select_budget(select) -> None:
     select.add_argument("--model", default="whisper-base")
     select.add_argument("--producer-model", default="whisper-tiny.en")
     select.add_argument("--drafter", default="whisper-tiny.en")
-    select.add_argument("--dtype", default="bf16", choices=["bf16", "fp32", "fp16", "int8", "auto"])
+    add_dtype_option(select)
     select.add_argument("--threads", type=int, default=1)
     select.add_argument("--out", default="out")
     select.add_argument("--config", help=f"where to write the deployed configuration (default: {config_path()})")

@@ -76,7 +76,7 @@ def run_cloud(args) -> int:
     cloud.traffic.recording = TrafficRecording() if args.record_traffic else None
     stop = StopFlag()
     secured = " (CURVE)" if curve else ""
-    ready = f"asyncspec cloud ready on {args.bind}{secured} (model {args.model}; {cloud.batching.line()})"
+    ready = f"asyncspec cloud ready on {args.bind}{secured} (model {target.describe()}; {cloud.batching.line()})"
     try:
         cloud.serve(args.bind, stop, _ready(ready), curve)
     except zmq.ZMQError as error:
@@ -184,7 +184,7 @@ def run_edge(args) -> int:
             server, thread = _http_server(gateway, drafter, args, *http)
             _wait_started(server, thread, stop)
         where = f"{args.bind}" + (f", http://{args.http}" if args.http else "")
-        ready = _ready(f"asyncspec edge ready on {where} (model {args.model}, cloud {args.cloud})")
+        ready = _ready(f"asyncspec edge ready on {where} (drafter {drafter.describe()}; cloud {args.cloud})")
         http_dead = (lambda: not thread.is_alive()) if thread is not None else (lambda: False)
         gateway.serve(lambda: stop() or http_dead(), ready, front)
         if http_dead() and not stop():  # the HTTP thread ended on its own: fail loudly, not serve half a service

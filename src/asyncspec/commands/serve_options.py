@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 
 from asyncspec.errors import InputError
+from asyncspec.run.options import add_dtype_option
 
 SERVE_HELP = "run the AsymSpec cloud verifier or edge gateway"
 CLIENT_HELP = "send a prompt to an edge gateway"
@@ -168,5 +169,5 @@ def _http_options(parser: argparse.ArgumentParser) -> None:
 
 
 def _model_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--dtype", default="bf16", choices=["bf16", "fp32", "fp16", "int8", "auto"])
+    add_dtype_option(parser)
     parser.add_argument("--threads", type=int, default=1, help="torch threads")

@@ -70,3 +70,12 @@ class Decoder(Protocol):
     def greedy(self, logits: torch.Tensor) -> list[int]:
         """The backend's greedy decision for each row of logits [..., V]."""
         ...
+
+    @property
+    def precision(self) -> str:
+        """What the decoder computes in: "int8", "bf16", "fp32" or "fp16"."""
+        ...
+
+    def describe(self) -> str:
+        """One line for a user: the model and the precision it computes in."""
+        ...

@@ -28,6 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from asyncspec.errors import InputError
+from asyncspec.models.cache_entries import write_entry
 from asyncspec.models.log_mel import mel_filters
 from asyncspec.models.offline import MANIFEST, REGISTRY, cache_root, prepare
 
@@ -210,7 +211,7 @@ def ggml_file(name: str) -> Path:
         digest = _sha256(work)
         marker.unlink(missing_ok=True)  # a crash between the two renames leaves no stale marker behind
         os.replace(work, path)
-        _write_json_atomically(marker, expected | {"sha256": digest, "bytes": path.stat().st_size})
+        write_entry(marker, expected | {"sha256": digest, "bytes": path.stat().st_size})
     finally:
         work.unlink(missing_ok=True)
     return path
@@ -230,12 +231,6 @@ def _is_current(path: Path, marker: Path, expected: dict) -> bool:
         return False
     # The size first: a truncated or replaced file is caught without reading it.
     return recorded.get("bytes") == path.stat().st_size and recorded.get("sha256") == _sha256(path)
-
-
-def _write_json_atomically(path: Path, value: dict) -> None:
-    work = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    work.write_text(json.dumps(value, indent=1))
-    os.replace(work, path)
 
 
 def _sha256(path: Path) -> str:

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import torch
 
+from asyncspec.models.cache_entries import keep_first
 from asyncspec.models.int8_linear import TIMING_ROWS, Int8Linear, products_exact
 
 REPEATS = 5
@@ -107,10 +108,8 @@ def choose_precision(model_dir: str | Path) -> PrecisionChoice:
     timings = time_linears(shapes)
     eligible = {name: ms for name, ms in timings.items() if exact or name != "int8"}
     dtype = min(eligible, key=eligible.get)  # ties: the first listed (int8, bf16, fp32)
-    choice = PrecisionChoice(dtype, timings, exact)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(asdict(choice)))
-    return choice
+    standing = keep_first(path, asdict(PrecisionChoice(dtype, timings, exact)))
+    return PrecisionChoice(**standing)  # another process's choice if it wrote first
 
 
 def _cache_file(shapes: list[tuple[int, int]]) -> Path:

@@ -55,19 +55,17 @@ def resolve_source(name: str) -> tuple[str, str]:
 
 
 def load_decoder(
-    name: str, dtype: str | torch.dtype = "bf16", engine: str = "fixed-shape", encoder: str = "auto"
+    name: str, dtype: str | torch.dtype = AUTO, engine: str = "fixed-shape", encoder: str = "auto"
 ) -> Decoder:
     """A target gets the fixed-shape engine (the default); a drafter may take `engine="transformers"`,
     whose one-token steps cost less and whose output need not be exact. A speech model's `encoder`
     is "auto" (dtype and threads measured on this machine), "fp32", "bf16" or "int8". `dtype`
-    "int8" gives the decoder int8 weights (the fixed-shape engine stays exact: int8_linear.py)."""
+    "int8" gives the decoder int8 weights (the fixed-shape engine stays exact: int8_linear.py);
+    "auto", the default, the fastest of int8, bf16 and fp32 on this machine (measured once, cached)."""
     source, family = resolve_source(name)
-    choice = None
+    choice = _precision_choice(source) if dtype == AUTO else None
     if dtype == AUTO:
-        from asyncspec.models.precision_choice import choose_precision
-
-        choice = choose_precision(source) if Path(source).is_dir() else None
-        dtype = choice.dtype if choice is not None else "bf16"  # a hub id: nothing local to measure
+        dtype = choice.dtype if choice is not None else "bf16"
     torch_dtype = parse_dtype(dtype) if isinstance(dtype, str) else dtype
     int8 = dtype == INT8
     backend: Decoder
@@ -81,3 +79,19 @@ def load_decoder(
         backend = CausalLMBackend.load(source, name=name, dtype=torch_dtype, engine=engine, int8=int8)
     backend.precision_choice = choice
     return backend
+
+
+def concrete_dtype(name: str, dtype: str) -> str:
+    """`dtype`, or for "auto" the precision load_decoder would choose for `name` on this machine:
+    for a benchmark that loads one model in several processes (services, references), which must
+    all compute in the same precision whatever their thread counts."""
+    if dtype != AUTO:
+        return dtype
+    choice = _precision_choice(resolve_source(name)[0])
+    return choice.dtype if choice is not None else "bf16"
+
+
+def _precision_choice(source: str):
+    from asyncspec.models.precision_choice import choose_precision
+
+    return choose_precision(source) if Path(source).is_dir() else None  # a hub id: nothing local to measure

@@ -22,6 +22,7 @@ import torch
 
 from asyncspec.errors import InputError
 from asyncspec.models.base import DecodeRequest, DecoderState
+from asyncspec.models.cache_entries import write_entry
 from asyncspec.models.fixed_shape import StaticKV, stack_sizes
 from asyncspec.models.int8_linear import Int8Linear, products_exact
 from asyncspec.models.machine import cpu_identity
@@ -340,8 +341,7 @@ def invariance(
     if report is None:
         report = check_invariance(backend, wide_threads, stacked_blocks)
         if path is not None:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(json.dumps(asdict(report)))
+            write_entry(path, asdict(report))
     backend.invariance = report
     return report
 

@@ -3,6 +3,7 @@ sd/specasr, a producer process for As²d."""
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
@@ -29,6 +30,7 @@ def load_models(
         target = load_decoder(options.model, options.dtype, encoder=options.encoder)
         if not isinstance(target, kind):
             raise InputError(f"{options.model} is not a {what} model")
+        print(f"loaded {target.describe()}", file=sys.stderr, flush=True)  # the precision auto chose, and why
         drafters: dict[str, Any] = {}
         if needs_drafter(options.methods):
             drafter = load_decoder(options.drafter, options.dtype, engine="transformers")

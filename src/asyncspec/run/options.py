@@ -18,6 +18,17 @@ if TYPE_CHECKING:  # both import torch: not while the command line is only being
     from asyncspec.decoding.result import DecodeConfig
 
 
+PRECISION_CHOICES = ["auto", "int8", "bf16", "fp32", "fp16"]
+DTYPE_HELP = (
+    "the target's precision: int8 weights with per-row int8 activations (exact at every width on every x86 "
+    "CPU), a float dtype, or auto, the default (int8, bf16 or fp32: the fastest on this CPU, measured once)"
+)
+
+
+def add_dtype_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--dtype", default="auto", choices=PRECISION_CHOICES, help=DTYPE_HELP)
+
+
 def add_decoding_options(parser: argparse.ArgumentParser, default_model: str | None, default_drafter: str | None):
     """The options every decoding command takes; `DecodingOptions.from_args` reads them back."""
     parser.add_argument("--model", default=default_model, help="registered name, local directory or HF id")
@@ -37,13 +48,7 @@ def add_decoding_options(parser: argparse.ArgumentParser, default_model: str | N
     parser.add_argument(
         "--chunk-s", type=float, default=None, help="as2d: seconds of audio per chunk (default: deployed, else 4)"
     )
-    parser.add_argument(
-        "--dtype",
-        default="bf16",
-        choices=["bf16", "fp32", "fp16", "int8", "auto"],
-        help="the target's precision: int8 weights with per-row int8 activations (exact at every width "
-        "on every x86 CPU), a float dtype, or auto (int8, bf16 or fp32, the fastest here, measured once)",
-    )
+    add_dtype_option(parser)
     parser.add_argument(
         "--encoder",
         default="auto",
