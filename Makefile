@@ -15,9 +15,11 @@ demo: setup
 
 # The tests include the real Qwen pair (exactness through the services), so they prepare it too,
 # and the verifier replicas on Ray (the optional `ray` extra; `make demo` installs no Ray).
+# TEST_WORKERS pytest-xdist workers, dealt whole modules (tests/conftest.py says why).
+TEST_WORKERS ?= 2
 test: setup lint qwen ray
 	$(VENV)/bin/asyncspec models prepare whisper-base whisper-tiny.en
-	$(PY) -m pytest -q -rs --durations=20
+	$(PY) -m pytest -q -rs --durations=20 -n $(TEST_WORKERS) --dist loadgroup
 
 # Style, then types (mypy's settings: pyproject.toml).
 lint: setup

@@ -147,39 +147,18 @@ __all__ = [
 ]
 
 
-@pytest.fixture(scope="session")
-def whisper_base_bf16():
-    from asyncspec.models.registry import load_decoder
-
-    return load_decoder("whisper-base", "bf16")
-
-
-@pytest.fixture(scope="module")
-def producer(whisper_base_bf16):
-    """As²d's real producer process (CTranslate2 tiny.en), publishing in Whisper base's tokens."""
-    from asyncspec.models.offline import ct2_model_dir
-    from asyncspec.ondevice.producer import ProducerProcess, ProducerSpec
-
-    spec = ProducerSpec(
-        model_dir=str(ct2_model_dir("whisper-tiny.en")),
-        target_tokenizer_json=whisper_base_bf16.tokenizer.backend.to_str(),
-    )
-    process = ProducerProcess(spec)
-    yield process
-    process.close()
-
-
 # bf16 products in hardware (avx512_bf16 or AMX). Elsewhere oneDNN converts, and wide calls pay
 # most: measured on an AVX2-only Zen 3 EPYC (2026-12-03), one 64-row linear at Qwen 1.5B's MLP
 # shape took 185 ms in bf16 against 39 ms in fp32 (27 against 18 ms at 8 rows).
 NATIVE_BF16 = bool({"avx512_bf16", "amx_bf16"} & set(cpu_identity().replace("|", " ").split()))
 
 
-# The real Qwen pair's exactness tests hold in any dtype; they run in bf16 where the CPU has it and
-# in fp32 elsewhere, as `--dtype auto` would choose (on the Zen 3 EPYC, bf16 made the services test
-# alone take over ten minutes). bf16 on real Qwen is still checked there by test_independent_reference
+# The real models' exactness tests (Whisper base, the Qwen pair) hold in any dtype; they run in
+# bf16 where the CPU has it and in fp32 elsewhere, as `--dtype auto` would choose (on the Zen 3
+# EPYC, bf16 made the Qwen services test alone take over ten minutes, and Whisper base's encoder
+# costs ~3x fp32's). bf16 on real models is still checked there by test_independent_reference
 # (0.5B's bf16 logits against transformers' fp32), and on the tiny models.
-QWEN_DTYPE = "bf16" if NATIVE_BF16 else "fp32"
+REAL_DTYPE = "bf16" if NATIVE_BF16 else "fp32"
 # A real model's bf16 variant of a test: on a CPU that emulates bf16 it costs minutes (the
 # LibriVox exactness test ran ~5 min there against 64 s on the AVX-512 EPYC), and asyncspec would
 # not choose bf16 there (`--dtype auto` measured fp32 fastest). bf16 on such a CPU stays checked on
@@ -190,14 +169,36 @@ BF16_REAL = pytest.param(
 
 
 @pytest.fixture(scope="session")
+def whisper_base():
+    from asyncspec.models.registry import load_decoder
+
+    return load_decoder("whisper-base", REAL_DTYPE)
+
+
+@pytest.fixture(scope="module")
+def producer(whisper_base):
+    """As²d's real producer process (CTranslate2 tiny.en), publishing in Whisper base's tokens."""
+    from asyncspec.models.offline import ct2_model_dir
+    from asyncspec.ondevice.producer import ProducerProcess, ProducerSpec
+
+    spec = ProducerSpec(
+        model_dir=str(ct2_model_dir("whisper-tiny.en")),
+        target_tokenizer_json=whisper_base.tokenizer.backend.to_str(),
+    )
+    process = ProducerProcess(spec)
+    yield process
+    process.close()
+
+
+@pytest.fixture(scope="session")
 def qwen_15b():
-    """The real target in QWEN_DTYPE, loaded once per run: each load reads 3.5 GB, and on this
+    """The real target in REAL_DTYPE, loaded once per run: each load reads 3.5 GB, and on this
     project's VMs the page cache keeps ~5 GB, so a second load read the disk again (~30 s at 120
     MB/s). A test that spawns a 1.5B service after taking this fixture finds the file's pages still
     cached."""
     from asyncspec.models.registry import load_decoder
 
-    return load_decoder("qwen2.5-coder-1.5b", QWEN_DTYPE)
+    return load_decoder("qwen2.5-coder-1.5b", REAL_DTYPE)
 
 
 @pytest.fixture(scope="session")
@@ -208,3 +209,26 @@ def qwen_05b_fp32():
 
     prepare("qwen2.5-coder-0.5b")
     return load_decoder("qwen2.5-coder-0.5b", "fp32")
+
+
+# `make test` runs two pytest-xdist workers (--dist loadgroup). Tests are dealt out a module at a
+# time, so that a module's fixtures (live services, loaded models) are made once; the modules that
+# share a session-scoped large model go to one worker, which loads it once (two Qwen 1.5B copies,
+# plus the services test's own cloud, would not fit in memory beside a second `make test`).
+SHARED_MODEL_GROUPS = {
+    "qwen-1.5b": ("test_cloudedge_qwen", "test_speculative"),
+    "qwen-0.5b-fp32": ("test_fixed_shape", "test_independent_reference", "test_int8_capped_isa"),
+}
+MODULE_GROUP = {module: group for group, modules in SHARED_MODEL_GROUPS.items() for module in modules}
+
+
+def pytest_collection_modifyitems(config, items):
+    if not config.pluginmanager.hasplugin("xdist"):
+        return
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group(MODULE_GROUP.get(item.path.stem, item.path.stem)))
+
+
+def pytest_configure(config):
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        torch.set_num_threads(1)  # one core per worker: two workers on two cores, not four threads

@@ -171,7 +171,7 @@ def test_chunks_cover_the_audio_and_cut_at_quiet_points():
 
 
 @pytest.mark.real
-def test_the_chunked_producer_recognises_four_chunks_a_call_and_publishes_each_in_order(whisper_base_bf16):
+def test_the_chunked_producer_recognises_four_chunks_a_call_and_publishes_each_in_order(whisper_base):
     """~20 s of LibriVox speech with 4 s of silence inside: every audible chunk is published once,
     in audio order with consecutive offsets, CHUNKS_PER_CALL chunks sharing one recogniser call
     (one start time), the silent chunk not at all; one call at a time where history prompts each."""
@@ -184,7 +184,7 @@ def test_the_chunked_producer_recognises_four_chunks_a_call_and_publishes_each_i
     audio = np.concatenate([clips[0], np.zeros(4 * 16000, np.float32), *clips[1:]])
     spec = sources.ProducerSpec(
         model_dir=str(ct2_model_dir("whisper-tiny.en")),
-        target_tokenizer_json=whisper_base_bf16.tokenizer.backend.to_str(),
+        target_tokenizer_json=whisper_base.tokenizer.backend.to_str(),
     )
     audible = [
         bounds
@@ -206,26 +206,26 @@ def test_the_chunked_producer_recognises_four_chunks_a_call_and_publishes_each_i
         ]
         assert calls == [min(per_call, len(audible) - i) for i in range(0, len(audible), per_call)]
         assert all(b.request_id == 3 for b in published)
-        assert "Dashwood" in whisper_base_bf16.tokenizer.decode([t for b in published for t in b.tokens])
+        assert "Dashwood" in whisper_base.tokenizer.decode([t for b in published for t in b.tokens])
 
 
 @pytest.mark.real
 @pytest.mark.parametrize("kind, clips", [("ct2-chunk", 3), ("autoregressive", 1)])
-def test_real_producer_is_decoupled_and_output_is_exact(whisper_base_bf16, kind, clips):
+def test_real_producer_is_decoupled_and_output_is_exact(whisper_base, kind, clips):
     from asyncspec.models.offline import ct2_model_dir
     from asyncspec.ondevice.producer import ProducerProcess, ProducerSpec
 
     spec = ProducerSpec(
         kind=kind,
         model_dir=str(ct2_model_dir("whisper-tiny.en")),
-        target_tokenizer_json=whisper_base_bf16.tokenizer.backend.to_str(),
+        target_tokenizer_json=whisper_base.tokenizer.backend.to_str(),
     )
     producer = ProducerProcess(spec)
     try:
         for clip in librivox_clips()[:clips]:
-            request = whisper_base_bf16.request(load_audio(clip.path))
-            truth = _reference(whisper_base_bf16, request).tokens
-            result = METHODS["as2d"](whisper_base_bf16, producer, request, DecodeConfig())
+            request = whisper_base.request(load_audio(clip.path))
+            truth = _reference(whisper_base, request).tokens
+            result = METHODS["as2d"](whisper_base, producer, request, DecodeConfig())
             assert result.tokens == truth, clip.path.name
             assert result.stats.as2d.producer_messages_before_end == 0  # nothing from the target side
             assert result.stats.as2d.published > 0

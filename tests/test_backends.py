@@ -123,8 +123,8 @@ def test_whisper_suppression_masks_the_first_output_position_only():
 
 
 @pytest.mark.real
-def test_real_whisper_base_extend_and_rollback(whisper_base_bf16):
-    decoder = whisper_base_bf16
+def test_real_whisper_base_extend_and_rollback(whisper_base):
+    decoder = whisper_base
     clip = librivox_clips()[0]
     request = decoder.request(load_audio(clip.path))
     tokens = decoder.tokenizer.encode(" And Mr. John Dashwood had then leisure to consider")

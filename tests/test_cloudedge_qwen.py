@@ -1,6 +1,6 @@
 """The real pair through the services as processes: `asyncspec serve cloud` (Qwen2.5-Coder 1.5B)
 and `asyncspec serve edge --http` (0.5B), in bf16 (fp32 on a CPU without native bf16:
-conftest.QWEN_DTYPE), four concurrent greedy completions through the official `openai` client,
+conftest.REAL_DTYPE), four concurrent greedy completions through the official `openai` client,
 each equal token for token to target-only decoding (what `asyncspec generate` runs). Exact by
 construction: the cloud runs the fixed-shape engine, the requests' blocks stacked into wide calls
 where the self-test's batch check passed (it does on the 2-core EPYC). Four, not eight: measured on
@@ -16,7 +16,7 @@ import pytest
 
 from asyncspec.decoding.target_only import decode_target_only
 from cloudedge_support import free_address, free_port, spawn, stop_process, wait_ready
-from conftest import QWEN_DTYPE, requires_qwen_pair
+from conftest import REAL_DTYPE, requires_qwen_pair
 
 PROMPTS = [
     'def is_palindrome(s: str) -> bool:\n    """Return True if s reads the same backwards."""\n',
@@ -33,7 +33,7 @@ def test_qwen_pair_services_equal_generate_for_concurrent_openai_requests(qwen_1
     from openai import OpenAI
 
     cloud_address, edge_address, port = free_address(), free_address(), free_port()
-    dtype = ["--dtype", QWEN_DTYPE]
+    dtype = ["--dtype", REAL_DTYPE]
     cloud = spawn("serve", "cloud", "--model", "qwen2.5-coder-1.5b", *dtype, "--bind", cloud_address)
     edge = spawn(
         "serve", "edge", "--model", "qwen2.5-coder-0.5b", *dtype, "--cloud", cloud_address, "--bind", edge_address,

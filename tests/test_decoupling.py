@@ -89,14 +89,14 @@ def publications(buffer_batches: list[PublishedBatch]) -> list[tuple]:
 
 
 @pytest.fixture(scope="module")
-def case(whisper_base_bf16):
+def case(whisper_base):
     """One LibriVox clip (7 s, two producer chunks) and two targets whose texts differ."""
-    request = whisper_base_bf16.request(load_audio(librivox_clips()[0].path))
-    plain = METHODS["target"](whisper_base_bf16, None, request, DecodeConfig()).tokens
-    other = SuppressingTarget(whisper_base_bf16, banned=plain[len(plain) // 2])
+    request = whisper_base.request(load_audio(librivox_clips()[0].path))
+    plain = METHODS["target"](whisper_base, None, request, DecodeConfig()).tokens
+    other = SuppressingTarget(whisper_base, banned=plain[len(plain) // 2])
     other_truth = METHODS["target"](other, None, request, DecodeConfig()).tokens
     assert other_truth != plain  # two targets that really decide differently
-    return request, [(whisper_base_bf16, plain), (other, other_truth)]
+    return request, [(whisper_base, plain), (other, other_truth)]
 
 
 def drafted_under(targets, producer, request) -> list[list[tuple]]:
@@ -143,7 +143,7 @@ class CommandLog:
         monkeypatch.setattr(producer, "finish", lambda b: (self.events.append("target finished"), finish(b))[1])
 
 
-def test_the_target_side_sends_the_producer_nothing_before_it_finishes(producer, case, monkeypatch, whisper_base_bf16):
+def test_the_target_side_sends_the_producer_nothing_before_it_finishes(producer, case, monkeypatch, whisper_base):
     """Event order, not clocks: Start, then the target finishes, then (if still drafting) Stop. A
     target side that tells the producer something mid-decode (here a Stop at its first verify call)
     breaks the order."""

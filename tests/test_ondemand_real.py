@@ -32,12 +32,12 @@ def speech():
 
 
 @pytest.fixture(scope="module")
-def service(whisper_base_bf16, producer, speech):
+def service(whisper_base, producer, speech):
     window = LatestWindow(12.0)
-    preparer = Preparer(whisper_base_bf16, window).start()
+    preparer = Preparer(whisper_base, window).start()
     ingestor = Ingestor(file_blocks(speech, 4.0, "fast"), window)
     ingestor.subscribe(preparer.on_block)
-    engine = Engine(whisper_base_bf16, {"as2d": producer}, window, preparer, ingestor, max_queue=4).start()
+    engine = Engine(whisper_base, {"as2d": producer}, window, preparer, ingestor, max_queue=4).start()
     ingestor.start().done.wait(30)
     assert preparer.wait_for(window.blocks, 120) is not None
     yield engine
@@ -57,14 +57,14 @@ def _recording_reference(target, audio, **options) -> list:
     return list(segments)
 
 
-def test_live_as2d_response_equals_target_only(service, whisper_base_bf16):
+def test_live_as2d_response_equals_target_only(service, whisper_base):
     from fastapi.testclient import TestClient
 
     client = TestClient(create_app(service))
     prepared_before = service.preparer.prepared_windows
     body = client.post("/v1/stream/transcriptions", params={"response_format": "verbose_json"}).json()
     stats = body["asyncspec"]
-    truth = METHODS["target"](whisper_base_bf16, None, service.preparer.latest.request).tokens
+    truth = METHODS["target"](whisper_base, None, service.preparer.latest.request).tokens
     assert body["segments"][0]["tokens"] == truth and len(truth) > 20
     # answered from the window prepared before it arrived: none prepared on its path (a count)
     assert stats["method"] == "as2d" and stats["prepared"] and service.preparer.prepared_windows == prepared_before
@@ -75,11 +75,11 @@ def test_live_as2d_response_equals_target_only(service, whisper_base_bf16):
     assert target_only["text"] == body["text"]
 
 
-def test_concurrent_uploads_each_equal_target_only(service, whisper_base_bf16, speech):
+def test_concurrent_uploads_each_equal_target_only(service, whisper_base, speech):
     """Uploads are recordings: As²d through the long-form algorithm, each segment's tokens equal
     the library's target-only transcription of the same samples (the language detected: en)."""
     clips = [load_audio(clip.path) for clip in librivox_clips()[1:5:2]] + [speech[200_000:]]
-    expected = [[list(s.tokens) for s in _recording_reference(whisper_base_bf16, clip)] for clip in clips]
+    expected = [[list(s.tokens) for s in _recording_reference(whisper_base, clip)] for clip in clips]
     with running_server(create_app(service)) as url:
         import io
 
@@ -104,13 +104,13 @@ def test_concurrent_uploads_each_equal_target_only(service, whisper_base_bf16, s
     assert max(b["asyncspec"]["queue_wait_s"] for b in bodies) > 0.2  # they really queued behind each other
 
 
-def test_official_openai_client_gets_every_format_and_a_translation(service, whisper_base_bf16):
+def test_official_openai_client_gets_every_format_and_a_translation(service, whisper_base):
     import openai
     import srt
     import webvtt
 
     clip = librivox_clips()[1].path
-    truth = _recording_reference(whisper_base_bf16, load_audio(clip))
+    truth = _recording_reference(whisper_base, load_audio(clip))
     replies = {}
     with running_server(create_app(service)) as url:
         client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
@@ -132,18 +132,16 @@ def test_official_openai_client_gets_every_format_and_a_translation(service, whi
     assert [c.text for c in webvtt.from_string(replies["vtt"]).captions] == [cue.content for cue in cues]
     assert translated.text.strip()  # English into English: Whisper's translate task still answers
     truth_words = [
-        w for s in _recording_reference(whisper_base_bf16, load_audio(clip), word_timestamps=True) for w in s.words
+        w for s in _recording_reference(whisper_base, load_audio(clip), word_timestamps=True) for w in s.words
     ]
     assert [(w.word, w.start, w.end) for w in timed.words] == [(w.word, w.start, w.end) for w in truth_words]
     assert "".join(w.word for w in timed.words).strip() == text and len(timed.words) >= len(text.split())
 
 
-def test_disconnect_mid_decode_stops_the_producer_and_later_requests_stay_exact(
-    service, whisper_base_bf16, monkeypatch
-):
+def test_disconnect_mid_decode_stops_the_producer_and_later_requests_stay_exact(service, whisper_base, monkeypatch):
     # As²d decodes a 12 s window in ~0.1 s here: each target call is slowed so that the client's
     # disconnect surely lands mid-decode (the outputs are unchanged, only later)
-    extend = whisper_base_bf16.extend
+    extend = whisper_base.extend
     calls = []
 
     def slow_extend(state, tokens):
@@ -151,7 +149,7 @@ def test_disconnect_mid_decode_stops_the_producer_and_later_requests_stay_exact(
         time.sleep(0.05)
         return extend(state, tokens)
 
-    monkeypatch.setattr(whisper_base_bf16, "extend", slow_extend)
+    monkeypatch.setattr(whisper_base, "extend", slow_extend)
     cancelled_before = service.counters.cancelled
     with running_server(create_app(service)) as url:
         request = b"POST /v1/stream/transcriptions HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n"
@@ -170,14 +168,14 @@ def test_disconnect_mid_decode_stops_the_producer_and_later_requests_stay_exact(
         assert service.drafters["as2d"].open is None  # the producer was stopped and drained
         after = raw_request(url, request.replace(b"Host: x", b"Host: x\r\nConnection: close"))
     assert after.startswith(b"HTTP/1.1 200")
-    truth = METHODS["target"](whisper_base_bf16, None, service.preparer.latest.request).tokens
-    assert whisper_base_bf16.tokenizer.decode(truth).strip().encode() in after
+    truth = METHODS["target"](whisper_base, None, service.preparer.latest.request).tokens
+    assert whisper_base.tokenizer.decode(truth).strip().encode() in after
 
 
-def test_streaming_blocks_equal_target_only(whisper_base_bf16, producer, speech):
+def test_streaming_blocks_equal_target_only(whisper_base, producer, speech):
     outputs = {}
     for method, drafter in (("target", None), ("as2d", producer)):
-        auto = AutoTranscriber(whisper_base_bf16, drafter, method, DecodeConfig(), block_s=4.0, reset_s=8.0)
+        auto = AutoTranscriber(whisper_base, drafter, method, DecodeConfig(), block_s=4.0, reset_s=8.0)
         auto.start()
         for block in file_blocks(speech[:192_000], 4.0, "fast"):
             auto.on_block(block)
@@ -190,10 +188,10 @@ def test_streaming_blocks_equal_target_only(whisper_base_bf16, producer, speech)
     assert all(r.completion_lag_s >= r.processing_s > 0 for r in outputs["as2d"])
 
 
-def test_wait_for_background_preparation_is_charged_as_residual(whisper_base_bf16, speech):
+def test_wait_for_background_preparation_is_charged_as_residual(whisper_base, speech):
     window = LatestWindow(10.0)
-    preparer = Preparer(whisper_base_bf16, window).start()
-    engine = Engine(whisper_base_bf16, {}, window, preparer, default_method="target").start()
+    preparer = Preparer(whisper_base, window).start()
+    engine = Engine(whisper_base, {}, window, preparer, default_method="target").start()
     try:
         block = next(file_blocks(speech[:160_000], 10.0, "fast"))
         window.append(block)

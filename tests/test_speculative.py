@@ -14,7 +14,7 @@ from asyncspec.decoding.specasr import AdaptiveRecyclingSource, Rejection, reali
 from asyncspec.decoding.speculative import speculative_decode
 from asyncspec.errors import InputError
 from asyncspec.models.base import DecodeRequest
-from conftest import QWEN_DTYPE, requires_qwen_pair, synthetic_speech, tiny_causal, tiny_whisper
+from conftest import REAL_DTYPE, requires_qwen_pair, synthetic_speech, tiny_causal, tiny_whisper
 
 SPECULATIVE = ["sd", "specasr"]
 
@@ -130,13 +130,13 @@ def test_a_wrongly_realigned_suffix_is_still_rejected():
 
 
 @pytest.mark.real
-def test_librivox_sd_and_specasr_equal_target_only(whisper_base_bf16):
+def test_librivox_sd_and_specasr_equal_target_only(whisper_base):
     from asyncspec.models.registry import load_decoder
 
     drafter = load_decoder("whisper-tiny.en", "bf16")
     for clip in librivox_clips():
-        request = whisper_base_bf16.request(load_audio(clip.path))
-        reference = _assert_equal_to_target(whisper_base_bf16, drafter, request, budgets=[7])
+        request = whisper_base.request(load_audio(clip.path))
+        reference = _assert_equal_to_target(whisper_base, drafter, request, budgets=[7])
         assert len(reference.tokens) > 5
 
 
@@ -147,7 +147,7 @@ def test_humaneval_prompts_with_qwen_pair_equal_target_only(qwen_15b):
     from asyncspec.models.registry import load_decoder
 
     target = qwen_15b
-    drafter = load_decoder("qwen2.5-coder-0.5b", QWEN_DTYPE, engine="transformers")
+    drafter = load_decoder("qwen2.5-coder-0.5b", REAL_DTYPE, engine="transformers")
     # one prompt: the real pair through the services is test_cloudedge_qwen's (each prompt here
     # costs ~30 s of 1.5B calls on a 2-core machine)
     (prompt,) = humaneval_prompts(1)
