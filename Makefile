@@ -15,11 +15,13 @@ demo: setup
 
 # The tests include the real Qwen pair (exactness through the services), so they prepare it too,
 # and the verifier replicas on Ray (the optional `ray` extra; `make demo` installs no Ray).
-# TEST_WORKERS pytest-xdist workers, dealt whole modules (tests/conftest.py says why).
+# TEST_WORKERS pytest-xdist workers, dealt whole modules (tests/conftest.py says why). OpenMP
+# threads that wait sleep instead of spinning: with two workers on two cores a spinning thread
+# burns the core the other worker needs (a 39 s test took 83 s beside one busy loop, 58 s passive).
 TEST_WORKERS ?= 2
 test: setup lint qwen ray
 	$(VENV)/bin/asyncspec models prepare whisper-base whisper-tiny.en
-	$(PY) -m pytest -q -rs --durations=20 -n $(TEST_WORKERS) --dist loadgroup
+	OMP_WAIT_POLICY=PASSIVE $(PY) -m pytest -q -rs --durations=20 -n $(TEST_WORKERS) --dist loadgroup
 
 # Style, then types (mypy's settings: pyproject.toml).
 lint: setup

@@ -150,7 +150,8 @@ __all__ = [
 # bf16 products in hardware (avx512_bf16 or AMX). Elsewhere oneDNN converts, and wide calls pay
 # most: measured on an AVX2-only Zen 3 EPYC (2026-12-03), one 64-row linear at Qwen 1.5B's MLP
 # shape took 185 ms in bf16 against 39 ms in fp32 (27 against 18 ms at 8 rows).
-NATIVE_BF16 = bool({"avx512_bf16", "amx_bf16"} & set(cpu_identity().replace("|", " ").split()))
+CPU_FLAGS = set(cpu_identity().replace("|", " ").split())
+NATIVE_BF16 = bool({"avx512_bf16", "amx_bf16"} & CPU_FLAGS)
 
 
 # The real models' exactness tests (Whisper base, the Qwen pair) hold in any dtype; they run in
@@ -165,6 +166,15 @@ REAL_DTYPE = "bf16" if NATIVE_BF16 else "fp32"
 # the tiny models and by the self-test at every load.
 BF16_REAL = pytest.param(
     "bf16", marks=pytest.mark.skipif(not NATIVE_BF16, reason="real-model bf16 runs where the CPU has native bf16")
+)
+# int8 products in hardware (VNNI). Without it torch's integer matmul has no fast path: one call's
+# linears cost 6x fp32's on the AVX2 Zen 3 (`--dtype auto`'s timing), and the real Qwen 0.5B batch
+# check alone took 249 s. There the real-model int8 variants are skipped: this CPU is then the AVX2
+# case that test_int8_capped_isa runs anyway (the self-test on real Whisper tiny.en and the
+# stacked-request batch check on real Qwen 0.5B, both in int8), and test_int8 keeps every tiny one.
+NATIVE_INT8 = bool({"avx512_vnni", "avx_vnni", "amx_int8"} & CPU_FLAGS)
+INT8_REAL = pytest.param(
+    "int8", marks=pytest.mark.skipif(not NATIVE_INT8, reason="real-model int8 runs where the CPU has VNNI")
 )
 
 

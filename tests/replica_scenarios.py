@@ -145,7 +145,23 @@ def ray_cluster(port: int) -> str:
     started = subprocess.run([*head, "--include-dashboard=false", "--disable-usage-stats"], capture_output=True)
     if started.returncode != 0:
         raise RuntimeError(f"ray start failed: {started.stderr.decode()[-2000:]}")
-    return f"127.0.0.1:{port}"
+    address = f"127.0.0.1:{port}"
+    _wait_for_raylet(ray, address)
+    return address
+
+
+def _wait_for_raylet(ray: str, address: str, timeout_s: float = 90) -> None:
+    """`ray start` returns before the node is usable: on a loaded 2-core machine (two pytest workers)
+    the first cloud that joined right after it failed with "Failed to register worker to Raylet".
+    The node is usable once `ray status` lists its resources."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        status = subprocess.run([ray, "status", "--address", address], capture_output=True, text=True)
+        if status.returncode == 0 and "CPU" in status.stdout:
+            return
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the Ray head at {address} never became usable: {status.stderr[-2000:]}")
+        time.sleep(1)
 
 
 def main(out: str) -> None:

@@ -12,7 +12,7 @@ from asyncspec.audio import load_audio
 from asyncspec.data.librivox import librivox_clips
 from asyncspec.models.base import DecodeRequest
 from asyncspec.models.selftest import _kv_rows
-from conftest import requires_qwen_05b, synthetic_speech, tiny_causal, tiny_whisper
+from conftest import REAL_DTYPE, requires_qwen_05b, synthetic_speech, tiny_causal, tiny_whisper
 
 # The transformers engine's agreement between one many-token call and many one-token calls: exact
 # math in fp32 up to summation order; bf16 rounds each layer's output to 8 significant bits.
@@ -128,8 +128,8 @@ def test_real_whisper_base_extend_and_rollback(whisper_base):
     clip = librivox_clips()[0]
     request = decoder.request(load_audio(clip.path))
     tokens = decoder.tokenizer.encode(" And Mr. John Dashwood had then leisure to consider")
-    assert_extend_matches_single_steps(decoder, request, tokens, torch.bfloat16)
-    assert_rollback_is_exact(decoder, request, tokens, torch.bfloat16)
+    assert_extend_matches_single_steps(decoder, request, tokens, decoder.dtype)
+    assert_rollback_is_exact(decoder, request, tokens, decoder.dtype)
 
 
 @pytest.mark.qwen
@@ -139,8 +139,8 @@ def test_real_qwen_05b_extend_and_rollback():
     from asyncspec.models.registry import load_decoder
 
     prepare("qwen2.5-coder-0.5b")
-    decoder = load_decoder("qwen2.5-coder-0.5b", "bf16")
+    decoder = load_decoder("qwen2.5-coder-0.5b", REAL_DTYPE)
     request = decoder.request("def fibonacci(n):\n    ")
     tokens = decoder.tokenizer.encode('"""Return the n-th Fibonacci number."""\n    if n < 2:')
-    assert_extend_matches_single_steps(decoder, request, tokens, torch.bfloat16)
-    assert_rollback_is_exact(decoder, request, tokens, torch.bfloat16)
+    assert_extend_matches_single_steps(decoder, request, tokens, decoder.dtype)
+    assert_rollback_is_exact(decoder, request, tokens, decoder.dtype)

@@ -10,7 +10,7 @@ from asyncspec.cli import main
 from asyncspec.cloudedge import protocol as wire
 from asyncspec.cloudedge.policy import EdgePolicy
 from asyncspec.cloudedge.traffic_log import TrafficRecording, load_recording, sessions_of
-from cloudedge_support import run_requests, services
+from cloudedge_support import run_requests, services, wait_until
 from test_cloudedge_process import pair_dirs
 
 assert pair_dirs  # the fixture: a tiny Qwen3 target and drafter, also saved as model directories
@@ -24,6 +24,9 @@ def recorded_traffic(target, drafter, path, sampling: wire.Sampling) -> list[dic
     with services(target, drafter, policy) as (gateway, cloud, _):
         cloud.traffic.recording = TrafficRecording()
         results = run_requests(gateway, PROMPTS, 20, sampling)
+        # the edge closes a finished request after its client has the result: on a loaded machine
+        # the last Close reached the cloud only after the services stopped ("never closed")
+        assert wait_until(lambda: not cloud.requests and not cloud.opening, 30), "a request was never closed"
     cloud.traffic.recording.save(path)
     return results
 

@@ -18,7 +18,7 @@ from asyncspec.cloudedge.cloud_state import CloudCounters
 from asyncspec.models.base import DecodeRequest
 from asyncspec.models.selftest import check_invariance
 from cloudedge_support import model_pair
-from conftest import BF16_REAL, requires_qwen_05b, tiny_causal
+from conftest import BF16_REAL, INT8_REAL, requires_qwen_05b, tiny_causal
 
 
 class RecordingChannel:
@@ -188,7 +188,7 @@ def test_the_batch_check_passes_on_the_engine(dtype):
 
 @pytest.mark.qwen
 @requires_qwen_05b
-@pytest.mark.parametrize("dtype", [BF16_REAL, "int8"])
+@pytest.mark.parametrize("dtype", [BF16_REAL, INT8_REAL])
 def test_the_batch_check_passes_on_real_qwen_05b(dtype):
     """The whole real model, stacked up to 8 blocks (in int8 rows are invariant at any width by
     construction: per-row activation scales, integer sums; this checks the rest of the model too)."""

@@ -15,7 +15,7 @@ from asyncspec.decoding.result import DecodeConfig
 from asyncspec.errors import InputError
 from asyncspec.models.base import DecodeRequest
 from asyncspec.models.selftest import _kv_rows, check_invariance, invariance, partitions, probe_tokens
-from conftest import BF16_REAL, requires_qwen_05b, synthetic_speech, tiny_causal, tiny_whisper
+from conftest import BF16_REAL, INT8_REAL, requires_qwen_05b, synthetic_speech, tiny_causal, tiny_whisper
 
 
 def random_partition(rng: random.Random, n: int, widest: int) -> list[int]:
@@ -147,7 +147,7 @@ def test_self_test_uses_every_row_index_of_a_call():
 
 
 @pytest.mark.real
-@pytest.mark.parametrize("dtype", [BF16_REAL, "fp32", "int8"])
+@pytest.mark.parametrize("dtype", [BF16_REAL, "fp32", INT8_REAL])
 def test_real_whisper_base_rows_are_call_invariant(dtype):
     from asyncspec.audio import load_audio
     from asyncspec.data.librivox import librivox_clips
@@ -162,7 +162,7 @@ def test_real_whisper_base_rows_are_call_invariant(dtype):
 
 @pytest.mark.qwen
 @requires_qwen_05b
-@pytest.mark.parametrize("dtype", [BF16_REAL, "fp32", "int8"])
+@pytest.mark.parametrize("dtype", [BF16_REAL, "fp32", INT8_REAL])
 def test_real_qwen_05b_rows_are_call_invariant(dtype, request):
     from asyncspec.models.offline import prepare
     from asyncspec.models.registry import load_decoder
