@@ -21,7 +21,7 @@ demo: setup
 TEST_WORKERS ?= 2
 test: setup lint qwen ray
 	$(VENV)/bin/asyncspec models prepare whisper-base whisper-tiny.en
-	OMP_WAIT_POLICY=PASSIVE $(PY) -m pytest -q -rs --durations=20 -n $(TEST_WORKERS) --dist loadgroup
+	OMP_WAIT_POLICY=PASSIVE $(PY) -m pytest -q -rs --durations=20 -n $(TEST_WORKERS) --dist loadfile
 
 # Style, then types (mypy's settings: pyproject.toml).
 lint: setup

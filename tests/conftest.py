@@ -221,7 +221,7 @@ def qwen_05b_fp32():
     return load_decoder("qwen2.5-coder-0.5b", "fp32")
 
 
-# `make test` runs two pytest-xdist workers (--dist loadgroup). Tests are dealt out a module at a
+# `make test` runs two pytest-xdist workers (--dist loadfile). Tests are dealt out a module at a
 # time, so that a module's fixtures (live services, loaded models) are made once; the modules that
 # share a session-scoped large model go to one worker, which loads it once (two Qwen 1.5B copies,
 # plus the services test's own cloud, would not fit in memory beside a second `make test`).
@@ -232,11 +232,20 @@ SHARED_MODEL_GROUPS = {
 MODULE_GROUP = {module: group for group, modules in SHARED_MODEL_GROUPS.items() for module in modules}
 
 
-def pytest_collection_modifyitems(config, items):
-    if not config.pluginmanager.hasplugin("xdist"):
-        return
-    for item in items:
-        item.add_marker(pytest.mark.xdist_group(MODULE_GROUP.get(item.path.stem, item.path.stem)))
+def pytest_xdist_make_scheduler(config, log):
+    """loadfile's scheduler with the groups above. (xdist's own `xdist_group` marks do nothing under
+    pytest 9.2: xdist writes the group into `item._nodeid`, which pytest no longer reads, and every
+    test was dealt alone: the Ray scenarios ran on both workers at once.)"""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ModuleGroups(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0].rsplit("/", 1)[-1].removesuffix(".py")
+            return MODULE_GROUP.get(module, module)
+
+    return ModuleGroups(config, log)
 
 
 def pytest_configure(config):

@@ -134,15 +134,14 @@ def test_building_the_command_line_imports_no_torch():
 
 def test_markers_are_strict_and_every_marker_used_is_registered():
     """An unknown marker is a collection error (`--strict-markers`), so a typo cannot silently
-    deselect or select tests; every marker the tests use is a registered one or pytest's (or a plugin's) own."""
+    deselect or select tests; every marker the tests use is a registered one or pytest's own."""
     import re
     import tomllib
 
     config = tomllib.loads((PACKAGE.parents[1] / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]
     assert "--strict-markers" in config["addopts"].split()
     registered = {line.split(":")[0].strip() for line in config["markers"]}
-    # pytest's own, pytest-timeout's and pytest-xdist's (the workers' module groups: conftest.py)
-    builtin = {"parametrize", "skipif", "skip", "xfail", "usefixtures", "filterwarnings", "timeout", "xdist_group"}
+    builtin = {"parametrize", "skipif", "skip", "xfail", "usefixtures", "filterwarnings", "timeout"}
     used = {
         m
         for path in (PACKAGE.parents[1] / "tests").glob("*.py")
