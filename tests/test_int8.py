@@ -203,8 +203,8 @@ def dtype_defaults(parser, path=()) -> dict[tuple[str, ...], object]:
     return found
 
 
-# bench cloudedge's --dtype stays unset until the pair is known: the tiny pair runs fp32, the Qwen
-# pair the precision auto measures for its target, resolved once for every process it starts
+# bench cloudedge's and bench correction's --dtype stay unset until the pair is known: the tiny pair
+# runs fp32, the Qwen pair the precision auto measures (cloudedge resolves it once for every process)
 RESOLVED_LATER = {("bench", "cloudedge"), ("bench", "correction")}
 
 

@@ -11,19 +11,14 @@ from pathlib import Path
 
 def write_entry(path: Path, value: dict) -> None:
     """Replace the entry at once: a reader sees the old file or the new one, never part of one."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    scratch = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    scratch.write_text(json.dumps(value, indent=1))
-    os.replace(scratch, path)
+    os.replace(_scratch(path, value), path)
 
 
 def keep_first(path: Path, value: dict) -> dict:
     """Write `value` unless another process wrote this entry first, and return the entry that
     stands: a measurement that decides what the target computes in must be the same in every
     process of the machine, so the first one written wins. A damaged entry is replaced."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    scratch = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    scratch.write_text(json.dumps(value, indent=1))
+    scratch = _scratch(path, value)
     try:
         os.link(scratch, path)  # atomic, and fails where an entry exists
         return value
@@ -35,3 +30,11 @@ def keep_first(path: Path, value: dict) -> dict:
             return value
     finally:
         scratch.unlink(missing_ok=True)
+
+
+def _scratch(path: Path, value: dict) -> Path:
+    """`value` written whole beside `path`, under a name of this process's own."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    scratch = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    scratch.write_text(json.dumps(value, indent=1))
+    return scratch

@@ -108,8 +108,9 @@ def choose_precision(model_dir: str | Path) -> PrecisionChoice:
     timings = time_linears(shapes)
     eligible = {name: ms for name, ms in timings.items() if exact or name != "int8"}
     dtype = min(eligible, key=eligible.get)  # ties: the first listed (int8, bf16, fp32)
-    standing = keep_first(path, asdict(PrecisionChoice(dtype, timings, exact)))
-    return PrecisionChoice(**standing)  # another process's choice if it wrote first
+    measured = asdict(PrecisionChoice(dtype, timings, exact))
+    standing = keep_first(path, measured)  # another process's choice if it wrote first
+    return PrecisionChoice(**{**standing, "cached": standing is not measured})
 
 
 def _cache_file(shapes: list[tuple[int, int]]) -> Path:

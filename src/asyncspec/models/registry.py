@@ -63,9 +63,9 @@ def load_decoder(
     "int8" gives the decoder int8 weights (the fixed-shape engine stays exact: int8_linear.py);
     "auto", the default, the fastest of int8, bf16 and fp32 on this machine (measured once, cached)."""
     source, family = resolve_source(name)
-    choice = _precision_choice(source) if dtype == AUTO else None
+    choice = None
     if dtype == AUTO:
-        dtype = choice.dtype if choice is not None else "bf16"
+        dtype, choice = _resolve_auto(source)
     torch_dtype = parse_dtype(dtype) if isinstance(dtype, str) else dtype
     int8 = dtype == INT8
     backend: Decoder
@@ -85,13 +85,12 @@ def concrete_dtype(name: str, dtype: str) -> str:
     """`dtype`, or for "auto" the precision load_decoder would choose for `name` on this machine:
     for a benchmark that loads one model in several processes (services, references), which must
     all compute in the same precision whatever their thread counts."""
-    if dtype != AUTO:
-        return dtype
-    choice = _precision_choice(resolve_source(name)[0])
-    return choice.dtype if choice is not None else "bf16"
+    return _resolve_auto(resolve_source(name)[0])[0] if dtype == AUTO else dtype
 
 
-def _precision_choice(source: str):
+def _resolve_auto(source: str):
+    """("auto"'s dtype, the PrecisionChoice behind it); a hub id has nothing local to measure: bf16."""
     from asyncspec.models.precision_choice import choose_precision
 
-    return choose_precision(source) if Path(source).is_dir() else None  # a hub id: nothing local to measure
+    choice = choose_precision(source) if Path(source).is_dir() else None
+    return (choice.dtype if choice is not None else "bf16"), choice
