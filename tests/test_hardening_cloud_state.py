@@ -26,7 +26,8 @@ def pair():
 def opened(peer: RawPeer, request: int) -> None:
     peer.send_message(wire.Open(request, wire.pack_ids([3, 4]), 2, 0.0, 0, 4, 0))
     peer.send_message(wire.Ping(0.0))
-    peer.replies(until=lambda m: isinstance(m, wire.Pong))
+    replies = peer.replies(timeout_s=30.0, until=lambda m: isinstance(m, wire.Pong))
+    assert replies and isinstance(replies[-1], wire.Pong), f"request {request} was not opened: {replies}"
 
 
 def block(request: int, candidates: list[int]) -> wire.Block:
@@ -62,15 +63,16 @@ def test_a_dead_edges_requests_are_freed_at_the_liveness_deadline(pair):
     try:
         opened(dead, 11), opened(live, 12)
         dead.close()  # the edge crashed: not a word more from it
-        deadline = time.monotonic() + 10
-        while 11 in cloud.requests and time.monotonic() < deadline:
+        deadline = time.monotonic() + 30
+        # 11 may still wait for its prefill (`opening`) on a loaded machine: it is held until freed
+        while (11 in cloud.requests or 11 in cloud.opening) and time.monotonic() < deadline:
             live.send_message(wire.Ping(0.0))  # the live edge's heartbeat
             live.replies(timeout_s=0.2)
     finally:
         live.close()
         thread.close()
-    assert 11 not in cloud.requests and cloud.counters.dead_peer_dropped == 1
-    assert 12 in cloud.requests  # control: the edge that kept its heartbeat keeps its request
+    assert 11 not in cloud.requests and 11 not in cloud.opening and cloud.counters.dead_peer_dropped == 1
+    assert 12 in cloud.requests or 12 in cloud.opening  # control: the edge that kept its heartbeat keeps its request
     assert 11 not in cloud.quota.owner and 11 not in cloud.traffic.per_request_received
 
 
