@@ -233,9 +233,9 @@ MODULE_GROUP = {module: group for group, modules in SHARED_MODEL_GROUPS.items() 
 
 
 def pytest_xdist_make_scheduler(config, log):
-    """loadfile's scheduler with the groups above. (xdist's own `xdist_group` marks do nothing under
-    pytest 9.2: xdist writes the group into `item._nodeid`, which pytest no longer reads, and every
-    test was dealt alone: the Ray scenarios ran on both workers at once.)"""
+    """loadfile's scheduler with the groups above, the longest first. (xdist's own `xdist_group`
+    marks do nothing under pytest 9.2: xdist writes the group into `item._nodeid`, which pytest no
+    longer reads, and every test was dealt alone: the Ray scenarios ran on both workers at once.)"""
     if config.getvalue("dist") != "loadfile":
         return None
     from xdist.scheduler import LoadScopeScheduling
@@ -245,7 +245,66 @@ def pytest_xdist_make_scheduler(config, log):
             module = nodeid.split("::", 1)[0].rsplit("/", 1)[-1].removesuffix(".py")
             return MODULE_GROUP.get(module, module)
 
+        def _assign_work_unit(self, node) -> None:
+            longest_first(self.workqueue)
+            super()._assign_work_unit(node)
+
     return ModuleGroups(config, log)
+
+
+# Seconds each scope took in one worker of `make test` (--durations per module, 2-core EPYC with
+# avx512_bf16, 2026-12-04). Only the order matters: xdist deals work in its queue's order, and by
+# default that is the number of tests, so the largest groups (a few slow tests each) came last: on
+# the AVX2 Zen 3 one worker ran them alone for the last 15 of 27 minutes. Longest first evens the
+# two workers' ends (the classic LPT rule).
+# A scope not listed (under 10 s then, or new) counts 2 s per test.
+SCOPE_SECONDS = {
+    "qwen-0.5b-fp32": 271,
+    "qwen-1.5b": 185,
+    "test_adversarial": 161,
+    "test_sampling_fidelity": 135,
+    "test_longform_real": 115,
+    "test_cli": 108,
+    "test_exact_librivox": 104,
+    "test_cloudedge_replicas": 87,
+    "test_ondemand_real": 70,
+    "test_as2d": 58,
+    "test_cloudedge_baselines": 42,
+    "test_bench_e2e": 34,
+    "test_ggml_whisper": 33,
+    "test_openai_fields": 32,
+    "test_cloudedge_services": 28,
+    "test_cloudedge_batching": 28,
+    "test_word_timestamps_real": 27,
+    "test_cloudedge_process": 27,
+    "test_edge_fidelity": 24,
+    "test_ct2_converter": 24,
+    "test_cloudedge_exactness": 19,
+    "test_whisper_model": 18,
+    "test_command_success": 16,
+    "test_hardening_connections": 16,
+    "test_hardening_memory": 14,
+    "test_verify": 14,
+    "test_backends": 14,
+    "test_hardening_process": 13,
+    "test_link": 13,
+    "test_exactness": 13,
+    "test_ondemand_service": 13,
+    "test_sandbox": 13,
+    "test_longform_set": 12,
+    "test_bench_cloud": 12,
+    "test_hardening_auth": 11,
+    "test_decoupling": 11,
+    "test_hardening_offloopback": 10,
+}
+
+
+def longest_first(workqueue) -> None:
+    """Reorders xdist's queue of scopes ({scope: {nodeid: done}}) by expected seconds, longest first."""
+    order = sorted(workqueue.items(), key=lambda item: -SCOPE_SECONDS.get(item[0], 2.0 * len(item[1])))
+    if [scope for scope, _ in order] != list(workqueue):
+        workqueue.clear()
+        workqueue.update(order)
 
 
 def pytest_configure(config):
