@@ -17,7 +17,7 @@ from asyncspec.models.base import DecodeRequest
 from asyncspec.ondevice import align
 from asyncspec.ondevice.accounting import account, merge
 from asyncspec.ondevice.align import realign
-from asyncspec.ondevice.buffer import CandidateBuffer, PublishedBatch
+from asyncspec.ondevice.buffer import CandidateBuffer, PublishedBatch, paid_for
 from asyncspec.ondevice.chunking import chunk_bounds
 from asyncspec.ondevice.messages import Done
 from conftest import synthetic_speech, tiny_causal, tiny_whisper
@@ -40,8 +40,11 @@ class TimedChannel:
 class ScriptedProducer:
     """In-process stand-in for a producer: publishes fixed tokens in batches on a schedule."""
 
-    def __init__(self, tokens: list[int], batch: int = 4, delay_s: float = 0.0, first_s: float = 0.0):
+    def __init__(
+        self, tokens: list[int], batch: int = 4, delay_s: float = 0.0, first_s: float = 0.0, sure: float | None = None
+    ):
         self.tokens, self.batch, self.delay_s, self.first_s = tokens, batch, delay_s, first_s
+        self.sure = sure  # every token's confidence (None: a source without confidences)
         self.started = 0
 
     def start(self, audio):
@@ -50,11 +53,16 @@ class ScriptedProducer:
         script = [
             (
                 self.first_s + i // self.batch * self.delay_s,
-                PublishedBatch(self.started, "scripted", i, tuple(self.tokens[i : i + self.batch]), None, now, now),
+                PublishedBatch(
+                    self.started, "scripted", i, tuple(self.tokens[i : i + self.batch]), self._sure(i), now, now
+                ),
             )
             for i in range(0, len(self.tokens), self.batch)
         ]
         return CandidateBuffer(self.started, TimedChannel(script))
+
+    def _sure(self, start: int) -> tuple[float, ...] | None:
+        return None if self.sure is None else (self.sure,) * len(self.tokens[start : start + self.batch])
 
     def finish(self, buffer):
         buffer.finished = True
@@ -80,10 +88,11 @@ def _producers(truth: list[int]) -> dict[str, ScriptedProducer]:
         "nothing": ScriptedProducer([]),
         "slow": ScriptedProducer(truth, batch=4, delay_s=0.2, first_s=0.1),
         "shifted": ScriptedProducer(shifted),
+        "unsure": ScriptedProducer(shifted, sure=0.1),
     }
 
 
-@pytest.mark.parametrize("kind", ["perfect", "garbage", "nothing", "slow", "shifted"])
+@pytest.mark.parametrize("kind", ["perfect", "garbage", "nothing", "slow", "shifted", "unsure"])
 @pytest.mark.parametrize("budget", [1, 3, 8, 16])
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_as2d_equals_target_only_with_any_producer(seed, kind, budget):
@@ -147,6 +156,29 @@ def test_buffer_orders_batches_refuses_other_requests_and_reads_fast():
         assert buffer.refresh() == 0
     # on the target's path: one non-blocking poll per refresh when nothing is there, never a wait
     assert timeouts == [0] * 1000 and buffer.refreshes >= 1000
+
+
+def test_a_cut_for_confidence_keeps_the_candidates_the_call_pays_for():
+    buffer = CandidateBuffer(1)
+    buffer.publish(PublishedBatch(1, "s", 0, tuple(range(20)), (0.9, 0.3) + (0.9,) * 18, 0.0, 0.1))
+    assert buffer.ready(0, 7, 0.4) == [0, 1]  # the control: without blocks the unsure token ends the read
+    assert buffer.ready(0, 7, 0.4, block_rows=8) == list(range(7))  # root + 7 rows: one block either way
+    assert buffer.ready(0, 15, 0.4, block_rows=8) == list(range(7))  # a second block would cost: cut there
+    assert buffer.ready(9, 15, 0.4, block_rows=8) == list(range(9, 20))  # no unsure token: the limit holds
+    assert [paid_for(n, 8) for n in (0, 1, 7, 8, 15)] == [7, 7, 7, 15, 15]
+    assert paid_for(3, None) == 3
+
+
+def test_an_unsure_producer_still_fills_the_fixed_call(monkeypatch):
+    target, request, truth = whisper_case(0)
+    assert target.call_width == 8
+    result = METHODS["as2d"](target, ScriptedProducer(truth, sure=0.1), request, DecodeConfig(budget=7))
+    assert result.tokens == truth and result.stats.acceptance == 1.0
+    assert result.stats.target_calls <= -(-len(truth) // 8) + 1
+    # the control: cut at every unsure token, as without blocks, each call verifies one candidate
+    monkeypatch.setattr("asyncspec.decoding.as2d.call_width", lambda target: None)
+    cut = METHODS["as2d"](target, ScriptedProducer(truth, sure=0.1), request, DecodeConfig(budget=7))
+    assert cut.tokens == truth and max(cut.stats.call_widths) == 2
 
 
 def test_accounting_identity_and_overlap():

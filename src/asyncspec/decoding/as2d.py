@@ -25,7 +25,7 @@ from asyncspec.decoding.result import (
 )
 from asyncspec.decoding.speculative import verify_candidates
 from asyncspec.errors import InputError
-from asyncspec.models.base import Decoder, DecodeRequest
+from asyncspec.models.base import Decoder, DecodeRequest, call_width
 from asyncspec.models.selftest import require_invariant
 from asyncspec.ondevice.accounting import account
 from asyncspec.ondevice.buffer import CandidateBuffer, CandidateProposer
@@ -159,7 +159,7 @@ def decode_as2d(
     stats = rounds.stats
     stats.prefill_s = trace.now()
     observe_prefill(stats, state)
-    as2d_rounds(rounds, buffer.make_proposer(), rounds.first_root, rounds.committed)
+    as2d_rounds(rounds, buffer.make_proposer(call_width(target)), rounds.first_root, rounds.committed)
     stats.decode_s = trace.now() - stats.prefill_s
     drafter.finish(buffer)
     stats.as2d = _as2d_figures(trace, buffer, stats, len(rounds.committed))

@@ -79,3 +79,8 @@ class Decoder(Protocol):
     def describe(self) -> str:
         """One line for a user: the model and the precision it computes in."""
         ...
+
+
+def call_width(decoder) -> int | None:
+    """Rows of every call of a fixed-shape decoder (its verification width), None for any other."""
+    return getattr(decoder, "call_width", None)

@@ -55,13 +55,13 @@ class CursorProposer:
     """One request's cursor over its buffer's token stream: realigned to the committed prefix at
     every boundary, the ready candidates after it proposed."""
 
-    def __init__(self, buffer: CandidateBuffer):
-        self.buffer, self.cursor = buffer, 0
+    def __init__(self, buffer: CandidateBuffer, block_rows: int | None = None):
+        self.buffer, self.block_rows, self.cursor = buffer, block_rows, 0
 
     def propose(self, root: int, committed: list[int], room: int) -> list[int]:
         previous = committed[-2] if len(committed) > 1 else None
         self.cursor = realign(self.buffer.tokens, self.cursor, root, previous)
-        return self.buffer.ready(self.cursor + 1, room, CONFIDENCE_THRESHOLD)
+        return self.buffer.ready(self.cursor + 1, room, CONFIDENCE_THRESHOLD, self.block_rows)
 
     def advance(self, accepted: int) -> None:
         self.cursor += accepted + 1

@@ -42,6 +42,15 @@ class BatchChannel(Protocol):
     def recv(self) -> object: ...
 
 
+def paid_for(candidates: int, block_rows: int | None) -> int:
+    """The candidates a call carrying the root and `candidates` could carry at the same cost: the
+    call's rows rounded up to whole blocks, less the root (`candidates` itself without blocks)."""
+    if not block_rows:
+        return candidates
+    blocks = -(-(candidates + 1) // block_rows)
+    return blocks * block_rows - 1
+
+
 class CandidateBuffer:
     """One request's published candidates, in order. Only the consumer (target side) touches it."""
 
@@ -98,14 +107,20 @@ class CandidateBuffer:
         self.confidences.extend(batch.confidences or [None] * len(batch.tokens))
         self.publish_times.extend([batch.published] * len(batch.tokens))
 
-    def make_proposer(self) -> CandidateProposer:
+    def make_proposer(self, block_rows: int | None = None) -> CandidateProposer:
+        """`block_rows`: the rows of every target call (the fixed-shape engine's width), or None."""
         from asyncspec.ondevice.align import CursorProposer
 
-        return CursorProposer(self)
+        return CursorProposer(self, block_rows)
 
-    def ready(self, start: int, limit: int, min_confidence: float | None = None) -> list[int]:
+    def ready(
+        self, start: int, limit: int, min_confidence: float | None = None, block_rows: int | None = None
+    ) -> list[int]:
         """Up to `limit` published tokens from `start`; with confidences, stop after the first
-        token below min_confidence (that token included, as in ASP)."""
+        token below min_confidence (that token included, as in ASP). With `block_rows`, the
+        tokens that still fit in the rows the call pays for anyway are kept: a fixed-shape call
+        runs whole blocks of `block_rows` rows (the root and the candidates, padded), so a cut
+        inside a block saves nothing and only drops candidates that might have been accepted."""
         if start < 0:
             return []
         window = self.tokens[start : start + max(limit, 0)]
@@ -113,5 +128,5 @@ class CandidateBuffer:
             return window
         for i, confidence in enumerate(self.confidences[start : start + len(window)]):
             if confidence is not None and confidence < min_confidence:
-                return window[: i + 1]
+                return window[: paid_for(i + 1, block_rows)]
         return window

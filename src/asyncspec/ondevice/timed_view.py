@@ -75,16 +75,16 @@ class WindowBuffer(CandidateBuffer):
         super().__init__(request_id, channel)
         self.rules = rules
 
-    def make_proposer(self) -> TimestampProposer:
-        return TimestampProposer(self, self.rules)
+    def make_proposer(self, block_rows: int | None = None) -> TimestampProposer:
+        return TimestampProposer(self, self.rules, block_rows)
 
 
 class TimestampProposer:
     """The cursor over a window's text stream. It holds the stream index of the last committed text
     token; timestamps the target commits leave it where it is."""
 
-    def __init__(self, buffer: CandidateBuffer, rules: TimestampRules):
-        self.buffer, self.rules = buffer, rules
+    def __init__(self, buffer: CandidateBuffer, rules: TimestampRules, block_rows: int | None = None):
+        self.buffer, self.rules, self.block_rows = buffer, rules, block_rows
         self.cursor = -1  # no text committed yet: the first candidate is the stream's first token
         self.proposal: list[int] = []
 
@@ -96,7 +96,11 @@ class TimestampProposer:
             self.cursor = realign(self.buffer.tokens, self.cursor + 1, root, previous)
         elif len(committed) > 1 and not is_ts(committed[-2]):
             guess = [root]  # root closed a segment: guess the next one opens at the same time
-        text = self.buffer.ready(self.cursor + 1, room - len(guess), CONFIDENCE_THRESHOLD) if room > len(guess) else []
+        text = (
+            self.buffer.ready(self.cursor + 1, room - len(guess), CONFIDENCE_THRESHOLD, self.block_rows)
+            if room > len(guess)
+            else []
+        )
         self.proposal = (guess + text)[:room]
         return self.proposal
 

@@ -198,7 +198,7 @@ def replay_as2d(trajectory: WindowTrajectory, source: str, budget: int, pricer: 
     publications = trajectory.sources[source]
     buffer = _ReplayBuffer(publications, source, pricer)
     rounds = _ReplayRounds(trajectory, buffer, budget, pricer)
-    as2d_rounds(rounds, buffer.make_proposer(), trajectory.target_next(0), rounds.committed)
+    as2d_rounds(rounds, buffer.make_proposer(trajectory.call_width), trajectory.target_next(0), rounds.committed)
     run = ReplayRun("as2d", source, budget, len(trajectory.tokens), rounds.now, rounds.widths, rounds.accepted)
     producer = [(p.started, p.published) for p in publications]
     run.accounting = account(producer, rounds.verifier, 0.0, rounds.now)

@@ -17,6 +17,7 @@ import numpy as np
 
 from asyncspec.decoding.result import DecodeResult
 from asyncspec.errors import InputError
+from asyncspec.models.base import call_width
 from asyncspec.trace import StageEvent
 
 EOS = -1  # stands for the target's end-of-sequence decision after the last reference token
@@ -53,6 +54,7 @@ class WindowTrajectory:
     finish_reason: str  # "eos" or "length"
     sources: dict[str, list[Publication]] = field(default_factory=dict)  # producer name -> publications
     native: dict[str, NativeRun] = field(default_factory=dict)  # "target", "as2d:<source>", "sd", ...
+    call_width: int | None = None  # the target's rows per call (fixed-shape engine), None: any width
 
     def target_next(self, index: int) -> int:
         """The target's greedy token at output position `index` (EOS past the end)."""
@@ -99,6 +101,7 @@ def reference_trajectory(window: str, dataset: str, samples: np.ndarray, target,
         limit=output_limit(request, target),
         tokens=list(result.tokens),
         finish_reason=result.stats.finish_reason,
+        call_width=call_width(target),
     )
     trajectory.add_native("target", result)
     return trajectory
