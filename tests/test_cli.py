@@ -87,6 +87,8 @@ def test_long_file_seeks_by_timestamps_and_keeps_every_repeat(tmp_path):
         (["replay", "NOTAUDIO", "--profile", "NOTAUDIO"], "not a trajectory file"),
         (["profile", "--max-width", "0"], "--max-width"),
         (["select-budget", "--producers", "psychic"], "unknown producer"),
+        (["select-budget", "--collections", "0"], "--collections must be in 1..10"),
+        (["replay", "--validate", "--repeats", "0"], "--repeats must be in 1..20"),
         (["bench", "ondevice", "--oracle", "--profile", "/nonexistent/p.json"], "cost profile"),
     ],
 )

@@ -72,6 +72,9 @@ def test_select_budget_exits_0_and_deploys_what_it_selected(audio_dir, flat_prof
     assert selected["pooled_tps"] >= default["pooled_tps"] == deployed["default_pooled_tps"]
     assert report["deployed"] == str(config) and report["refused"] is None
     assert (tmp_path / "select_budget_trajectories.json").is_file()
+    # collected twice by default, each entry charged its slower replay: both collections are kept
+    assert len(report["collections"]) == 2 and (tmp_path / "select_budget_trajectories_2.json").is_file()
+    assert "per collection: the selection" in printed
 
 
 def test_replay_validate_exits_0_and_its_pricer_reproduces_native_durations(audio_dir, flat_profile, tmp_path):
@@ -80,6 +83,7 @@ def test_replay_validate_exits_0_and_its_pricer_reproduces_native_durations(audi
     assert main([*argv, "--out", str(out)]) == 0
     report = json.loads((out / "replay_validate.json").read_text())
     assert report["exactness"]["passed"] and report["windows"] == 1
+    assert report["runs"] == 3 and report["per_window"][0]["runs"] == 3  # medians of three runs by default
     # replay priced with the run's own measured durations must give back the run's own time
     assert report["native_pricer_max_abs_error_s"] < 1e-6
     assert (out / "replay_validate_trajectories.json").is_file()

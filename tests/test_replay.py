@@ -8,12 +8,13 @@ import time
 import pytest
 import torch
 
+from asyncspec.commands.replay import per_window, run_to_run
 from asyncspec.decoding.methods import METHODS
 from asyncspec.decoding.result import DecodeConfig
 from asyncspec.errors import InputError
 from asyncspec.ondevice.buffer import CandidateBuffer, PublishedBatch
 from asyncspec.profiling import deployed as deployed_module
-from asyncspec.profiling.costs import CONCURRENT, IDLE, CostProfile
+from asyncspec.profiling.costs import CONCURRENT, IDLE, CostProfile, monotone_fit
 from asyncspec.profiling.deployed import As2dSettings, DeployedConfig, ProducerChoice, deployed_as2d, save_deployed
 from asyncspec.profiling.replay import (
     CausalityError,
@@ -248,3 +249,34 @@ def test_replay_validates_at_as2d_default_budget():
     from asyncspec.decoding.as2d import DEFAULT_BUDGET
 
     assert build_parser().parse_args(["replay", "--validate"]).budget == DEFAULT_BUDGET
+
+
+def _run(window: str, native: float, replay: float, target_native: float = 40.0) -> dict:
+    return {"window": window, "dataset": "d", "tokens": 10, "native_tps": native, "replay_tps": replay,
+            "target_native_tps": target_native, "target_replay_tps": 40.0}  # fmt: skip
+
+
+def test_validation_compares_each_windows_median_run_with_replay():
+    # w1's three native runs: one slow draw of the machine (60) beside two at 100; replay says 100
+    rows = [_run("w1", 100, 100), _run("w1", 60, 100, 30.0), _run("w1", 100, 100), _run("w2", 50, 55)]
+    windows = {w["window"]: w for w in per_window(rows)}
+    assert windows["w1"]["runs"] == 3 and windows["w1"]["tps_error_pct"] == 0.0
+    assert windows["w2"]["tps_error_pct"] == pytest.approx(10.0)
+    # the control: the slow run alone would have counted as a 67 % error
+    assert per_window([rows[1]])[0]["tps_error_pct"] == pytest.approx(100 * (100 / 60 - 1), abs=1e-3)
+    # a single run's noise: w1's runs lie 0, 40 and 0 % from their median; w2's one run is not counted
+    assert run_to_run(rows, "native_tps") == pytest.approx(40 / 3, abs=1e-3)
+    assert run_to_run(rows, "target_native_tps") == pytest.approx(25 / 3, abs=1e-3)
+    assert run_to_run([rows[0], rows[3]], "native_tps") is None
+
+
+def test_call_costs_are_fitted_to_grow_with_the_width():
+    # K=5's two calls were slow (noise): unfitted, 5 rows would cost more than 8 in the same block
+    samples = {1: [0.020, 0.022], 4: [0.033, 0.033], 5: [0.040, 0.036], 8: [0.033, 0.034], 9: [0.06, 0.06]}
+    fitted = monotone_fit(samples)
+    assert list(fitted.values()) == sorted(fitted.values())
+    assert fitted[5] == fitted[8] == pytest.approx((0.040 + 0.036 + 0.033 + 0.034) / 4)
+    assert fitted[1] == pytest.approx(0.021) and fitted[9] == pytest.approx(0.06)  # in order already: kept
+    profile = CostProfile("t", "bf16", {IDLE: {0: samples}}, 0.0, 0.0, 0.0, 0.0)
+    assert profile.verify_s(5, 0) == profile.verify_s(8, 0) < 0.038  # the control: 5's own mean is 0.038
+    assert profile.mean_over_offsets(5)[0] == pytest.approx(0.038)  # the measured figures stay as measured

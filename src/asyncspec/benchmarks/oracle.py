@@ -115,7 +115,7 @@ def plot_headroom(report: dict[str, Any], path: Path) -> None:
     deployed = report["deployed"]
     axis.set(
         ylabel="replay tok/s",
-        title=f"Deployed {deployed['producer']} budget {deployed['budget']}: "
+        title=f"Deployed {deployed['producer']} budget {deployed['budget']}:\n"
         f"{100 * report['deployed_ratio']:.1f}% of the oracle's pooled TPS",
     )
     axis.legend()

@@ -8,6 +8,13 @@ from asyncspec.profiling.deployed import CATALOG, config_path
 from asyncspec.run.options import add_dtype_option
 
 MAX_BUDGET = 24
+# How many times select-budget collects the development split by default (each entry is charged,
+# per window, its slowest replay over them: profiling/generalising.py). Measured: on a 2-core AMD EPYC
+# (family 26) two collections of the same windows gave the autoregressive producer spans 0.88-1.65x
+# apart, and charging it as collected once chose a configuration at 44 % of the oracle on the test
+# windows. On a family-25 EPYC two collections agreed within 1 %, and a fixed 1.25x slowdown charged
+# in their place chose the other producer: 65 % of the oracle there. So the variation is measured.
+COLLECTIONS = 2
 
 
 PROFILE_HELP = "measure this device's verification and loop costs"
@@ -45,6 +52,11 @@ def add_replay(replay) -> None:
     replay.add_argument(
         "--calibrate-every", type=int, default=0, help="validate: re-measure call costs before every N windows"
     )
+    replay.add_argument(
+        "--repeats", type=int, default=3,
+        help="validate: run every window this many times and compare medians (one run is one draw of the "
+        "machine's speed)",
+    )  # fmt: skip
     add_dtype_option(replay)
     replay.add_argument("--threads", type=int, default=1)
     replay.add_argument("--out", default="out")
@@ -73,6 +85,10 @@ def add_select_budget(select) -> None:
     select.add_argument("--profile", help="cost profile JSON (default: measure one now, widths 1..25)")
     select.add_argument("--producers", default=CATALOG, help="catalog: ct2-chunk@<s>s and/or autoregressive")
     select.add_argument("--max-budget", type=int, default=MAX_BUDGET)
+    select.add_argument(
+        "--collections", type=int, default=COLLECTIONS,
+        help="collect the split this many times; each entry is charged per window its slowest replay",
+    )  # fmt: skip
     select.add_argument("--model", default="whisper-base")
     select.add_argument("--producer-model", default="whisper-tiny.en")
     select.add_argument("--drafter", default="whisper-tiny.en")

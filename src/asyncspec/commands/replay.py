@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from statistics import mean
+from statistics import mean, median
 from typing import Any, cast
 
 from asyncspec.commands.profile import measure_profile, print_profile, profile_settings
@@ -17,6 +17,8 @@ from asyncspec.profiling.deployed import ProducerChoice
 from asyncspec.profiling.replay import NativePricer, ProfilePricer, replay_as2d, replay_target_only, reprice_serial
 from asyncspec.profiling.selection import rank, replay_catalog
 from asyncspec.profiling.trajectory import WindowTrajectory, load_trajectories, save_trajectories
+
+MAX_REPEATS = 20
 
 
 def run(args) -> int:
@@ -56,6 +58,9 @@ def validate(args) -> int:
     out = Path(args.out)
     choice = ProducerChoice.parse(args.producer)
     windows = directory_windows(args.audio) if args.audio else librivox_windows()
+    if not 1 <= args.repeats <= MAX_REPEATS:
+        raise InputError(f"--repeats must be in 1..{MAX_REPEATS}")
+    windows = windows * args.repeats  # whole passes, so that each window's runs meet different moments
     target = cast(WhisperBackend, load_decoder(args.model, args.dtype))  # measure_profile refuses another kind
     if args.profile:
         profile, calibration = CostProfile.load(args.profile), None
@@ -80,7 +85,9 @@ def validate(args) -> int:
         print_agreement(report)
     else:  # every As²d run differed from target-only: nothing to replay, the verdict below says why
         report = {"producer": choice.name, "budget": args.budget, "windows": 0, "rows": []}
-    report.update(mismatches=mismatches, calibrate_every=args.calibrate_every, load_average=os.getloadavg())
+    report.update(
+        mismatches=mismatches, calibrate_every=args.calibrate_every, repeats=args.repeats, load_average=os.getloadavg()
+    )
     report["exactness"] = exactness.as_json()
     _write(report, args.json or out / "replay_validate.json")
     return exactness.report()
@@ -120,27 +127,67 @@ def agreement(pairs: list[tuple[WindowTrajectory, CostProfile]], producer: str, 
         )
     if not rows:
         raise InputError("no window has a replayable As²d trajectory")
+    windows = per_window(rows)
     tokens = sum(r["tokens"] for r in rows)
     pooled_native = tokens / sum(r["native_time_s"] for r in rows)
     pooled_replay = tokens / sum(r["replay_time_s"] for r in rows)
     return {
         "producer": producer,
         "budget": budget,
-        "windows": len(rows),
-        "mean_abs_tps_error_pct": round(mean(abs(r["tps_error_pct"]) for r in rows), 3),
-        "mean_signed_tps_error_pct": round(mean(r["tps_error_pct"] for r in rows), 3),
+        "windows": len(windows),
+        "runs": len(rows),
+        "mean_abs_tps_error_pct": round(mean(abs(w["tps_error_pct"]) for w in windows), 3),
+        "mean_signed_tps_error_pct": round(mean(w["tps_error_pct"] for w in windows), 3),
         "pooled_tps_error_pct": round(100 * (pooled_replay / pooled_native - 1), 3),
-        "target_mean_abs_tps_error_pct": round(mean(abs(r["target_tps_error_pct"]) for r in rows), 3),
+        "target_mean_abs_tps_error_pct": round(mean(abs(w["target_tps_error_pct"]) for w in windows), 3),
+        "nativerun_to_run_pct": run_to_run(rows, "native_tps"),
+        "targetrun_to_run_pct": run_to_run(rows, "target_native_tps"),
         "native_pricer_max_abs_error_s": max(abs(r["native_pricer_time_error_s"]) for r in rows),
+        "per_window": windows,
         "rows": rows,
     }
 
 
+def per_window(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each window's median native and replayed TPS over its runs, and the error between them:
+    one native run is one draw of the machine's speed, the median of several is what replay prices."""
+    grouped: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for row in rows:
+        grouped.setdefault((row["dataset"], row["window"]), []).append(row)
+    windows = []
+    for (dataset, window), runs in grouped.items():
+        figures = {key: median(r[key] for r in runs) for key in _MEDIANS}
+        windows.append(
+            {"window": window, "dataset": dataset, "tokens": runs[0]["tokens"], "runs": len(runs)}
+            | {key: round(value, 3) for key, value in figures.items()}
+            | {
+                "tps_error_pct": round(100 * (figures["replay_tps"] / figures["native_tps"] - 1), 3),
+                "target_tps_error_pct": round(
+                    100 * (figures["target_replay_tps"] / figures["target_native_tps"] - 1), 3
+                ),
+            }
+        )
+    return windows
+
+
+_MEDIANS = ("native_tps", "replay_tps", "target_native_tps", "target_replay_tps")
+
+
+def run_to_run(rows: list[dict[str, Any]], key: str) -> float | None:
+    """Mean absolute deviation of one run's TPS from its window's median, in percent (None with one
+    run per window): the noise a single native run carries, below which no replay can agree with it."""
+    grouped: dict[tuple[str, str], list[float]] = {}
+    for row in rows:
+        grouped.setdefault((row["dataset"], row["window"]), []).append(row[key])
+    deviations = [abs(v / median(runs) - 1) for runs in grouped.values() if len(runs) > 1 for v in runs]
+    return round(100 * mean(deviations), 3) if deviations else None
+
+
 def print_agreement(report: dict) -> None:
-    print(f"{'window':>12} {'tokens':>6} {'native tok/s':>12} {'replay tok/s':>12} {'error':>8}")
-    for r in report["rows"]:
+    print(f"{'window':>12} {'tokens':>6} {'runs':>4} {'native tok/s':>12} {'replay tok/s':>12} {'error':>8}")
+    for r in report["per_window"]:
         print(
-            f"{r['window']:>12} {r['tokens']:>6} {r['native_tps']:>12.2f} {r['replay_tps']:>12.2f} "
+            f"{r['window']:>12} {r['tokens']:>6} {r['runs']:>4} {r['native_tps']:>12.2f} {r['replay_tps']:>12.2f} "
             f"{r['tps_error_pct']:>7.2f}%"
         )
     print(
@@ -150,6 +197,11 @@ def print_agreement(report: dict) -> None:
         f"{report['target_mean_abs_tps_error_pct']:.2f}%; replay with native durations off by at most "
         f"{report['native_pricer_max_abs_error_s']:.2e} s"
     )
+    if report["nativerun_to_run_pct"] is not None:
+        print(
+            f"medians of {report['runs']} runs; one run differs from its window's median by "
+            f"{report['nativerun_to_run_pct']:.2f}% on average (target-only {report['targetrun_to_run_pct']:.2f}%)"
+        )
     if report.get("mismatches"):
         print(f"outputs differing from target-only (not replayed): {', '.join(report['mismatches'])}")
 

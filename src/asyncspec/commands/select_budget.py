@@ -1,5 +1,5 @@
 """`asyncspec select-budget`: choose As²d's fixed (producer, budget) offline, by pooled replay
-throughput (hedged against a slower producer: profiling/generalising.py) on a development split
+throughput (each window charged its slowest of several collections: profiling/generalising.py) on a development split
 that shares no audio with the test windows (seed 000 D.2.6), and write it where `transcribe`,
 `demo` and the benchmarks read it. The built-in default (ct2-chunk@4s at As²d's default budget)
 is always scored beside the catalog; a selection slower than it is refused: reported, exit 0, nothing deployed."""
@@ -24,18 +24,18 @@ from asyncspec.profiling.deployed import (
     save_deployed,
 )
 from asyncspec.profiling.generalising import (
-    PRODUCER_SLOWDOWN,
     cross_validate,
-    hedged_catalog,
     rank_correlation,
     robust_choice,
+    slowest_of,
 )
-from asyncspec.profiling.selection import BUDGETS, Catalog, Entry, Selection, rank, select
+from asyncspec.profiling.selection import BUDGETS, Catalog, Entry, Selection, rank, replay_catalog, select
 from asyncspec.profiling.trajectory import save_trajectories
 
 # The configuration every command runs when none is deployed: always scored, so that a selection
 # slower than it is refused rather than deployed.
 DEFAULT_ENTRY = Entry(DEFAULT_PRODUCER, DEFAULT_BUDGET)
+MAX_COLLECTIONS = 10
 
 
 def run(args) -> int:
@@ -43,6 +43,8 @@ def run(args) -> int:
     choices = parse_catalog(args.producers)
     if not 1 <= args.max_budget <= max(BUDGETS):
         raise InputError(f"--max-budget must be in 1..{max(BUDGETS)}")
+    if not 1 <= args.collections <= MAX_COLLECTIONS:
+        raise InputError(f"--collections must be in 1..{MAX_COLLECTIONS}")
     widest = max(args.max_budget, DEFAULT_BUDGET) + 1  # the default's budget is replayed too
     profile_path = args.profile or str(out / "profile.json")
     profile = CostProfile.load(args.profile) if args.profile else _measure(args, out, profile_path, widest)
@@ -50,7 +52,9 @@ def run(args) -> int:
         raise InputError(f"the profile covers K <= {max(profile.widths)}; budgets up to {widest - 1} need more")
     split = DevelopmentSplit(args, profile, choices)
     windows = _development_windows(args, out)
-    catalog, collection = split.catalog(windows, "development split", out / "select_budget_trajectories.json")
+    catalog, collection, per_collection = split.catalog(
+        windows, "development split", out / "select_budget_trajectories.json"
+    )
     if not collection.exactness.passed:  # an As²d run differing from target-only is a defect: deploy nothing
         return collection.exactness.report()
     candidates = [*split.entries, DEFAULT_ENTRY]
@@ -67,12 +71,12 @@ def run(args) -> int:
         "built_in_default": selection.default.__dict__ | {"pooled_tps": deployed.default_pooled_tps},
         "deployed": str(path) if path else None,
         "refused": selection.refusal,
-        "producer_slowdown": PRODUCER_SLOWDOWN,
+        "collections": spread(per_collection, selection),
         "cross_validation": cross_validation,
         "secondary": split.secondary(ranking, out) if args.secondary != "none" else None,
     }
     (out / "select_budget.json").write_text(json.dumps(report, indent=1))
-    _print_selection(catalog, ranking, report["cross_validation"], report["secondary"])
+    _print_selection(catalog, ranking, report["collections"], report["cross_validation"], report["secondary"])
     plot_budgets(catalog, out / "select_budget.png")
     _print_outcome(selection, path, len(catalog.trajectories), out)
     return collection.exactness.report()
@@ -93,14 +97,23 @@ class DevelopmentSplit:
         self.target = cast(WhisperBackend, load_decoder(args.model, args.dtype))  # --model: a speech model
 
     def catalog(self, windows, label: str, trajectories: Path):
-        from asyncspec.profiling.collect import collect, producers
+        """The catalog over `args.collections` collections of the windows (each entry charged per
+        window its slowest replay), and the collections; each one's trajectories are saved."""
+        from asyncspec.profiling.collect import collect, merged, producers
 
+        collections = []
         with producers(self.scored, self.args.producer_model, self.args.dtype, self.target) as workers:
-            collection = collect(self.target, workers, windows, DEFAULT_BUDGET, f"select-budget ({label})")
-        save_trajectories(trajectories, collection.trajectories)
-        also = (DEFAULT_ENTRY,)
-        catalog = hedged_catalog(collection.trajectories, self.profile, self.names, self.budgets, also=also)
-        return catalog, collection
+            for number in range(1, self.args.collections + 1):
+                of = f" {number}/{self.args.collections}" if self.args.collections > 1 else ""
+                collection = collect(self.target, workers, windows, DEFAULT_BUDGET, f"select-budget ({label}{of})")
+                path = trajectories if number == 1 else trajectories.with_name(f"{trajectories.stem}_{number}.json")
+                save_trajectories(path, collection.trajectories)
+                collections.append(collection)
+        catalogs = [
+            replay_catalog(c.trajectories, self.profile, self.names, self.budgets, (DEFAULT_ENTRY,))
+            for c in collections
+        ]
+        return slowest_of(catalogs), merged(collections), catalogs
 
     def secondary(self, ranking, out: Path) -> dict:
         """The Festival split's ranking beside the development split's: Spearman's rho."""
@@ -109,7 +122,8 @@ class DevelopmentSplit:
 
         synthesize_dev_set(out / "dev-festival")
         windows = directory_windows(str(out / "dev-festival"))
-        catalog, collection = self.catalog(windows, "festival split", out / "select_budget_trajectories_festival.json")
+        path = out / "select_budget_trajectories_festival.json"
+        catalog, collection, _ = self.catalog(windows, "festival split", path)
         festival = rank(catalog)
         rho = rank_correlation([e for e, _ in ranking], [e for e, _ in festival])
         best = festival[0][0]
@@ -120,6 +134,17 @@ class DevelopmentSplit:
             "best": {"producer": best.producer, "budget": best.budget, "pooled_tps": round(festival[0][1], 3)},
             "spearman_rho": round(rho, 3),
         }
+
+
+def spread(catalogs: list[Catalog], selection: Selection) -> list[dict]:
+    """Per collection: the selected entry's and the default's pooled throughput, as collected."""
+    return [
+        {
+            "selected_pooled_tps": round(one.pooled_tps(one.seconds[selection.chosen]), 3),
+            "default_pooled_tps": round(one.pooled_tps(one.seconds[selection.default]), 3),
+        }
+        for one in catalogs
+    ]
 
 
 def _cross_validation(catalog: Catalog, candidates: list[Entry]) -> dict | None:
@@ -193,16 +218,22 @@ def _measure(args, out: Path, path: str, widest: int) -> CostProfile:
     return profile
 
 
-def _print_selection(catalog: Catalog, ranking, cross_validation: dict | None, secondary: dict | None) -> None:
+def _print_selection(
+    catalog: Catalog, ranking, spread: list[dict], cross_validation: dict | None, secondary: dict | None
+) -> None:
     target = catalog.pooled_tps(catalog.target_seconds)
     print(
         f"development split: {len(catalog.trajectories)} windows, {catalog.tokens} tokens; "
-        f"target-only {target:.2f} tok/s (replay); each entry per window the slower of its producer as "
-        f"collected and {PRODUCER_SLOWDOWN:g}x slower"
+        f"target-only {target:.2f} tok/s (replay); each entry per window its slowest replay over "
+        f"{len(spread)} collection(s)"
     )
     for entry, tps in ranking[:8]:
         default = " (built-in default)" if entry == DEFAULT_ENTRY else ""
         print(f"  {entry.producer:>16} budget {entry.budget:>2}: {tps:6.2f} tok/s ({tps / target:.2f}x){default}")
+    if len(spread) > 1:
+        selected = ", ".join(f"{c['selected_pooled_tps']:.2f}" for c in spread)
+        default = ", ".join(f"{c['default_pooled_tps']:.2f}" for c in spread)
+        print(f"per collection: the selection {selected} tok/s; the built-in default {default} tok/s")
     if cross_validation:
         print(
             f"leave one recording out: {cross_validation['out_of_fold_pooled_tps']:.2f} tok/s out of fold, "

@@ -89,7 +89,10 @@ def _join(sources: list[Path], tempo: float, path: Path) -> None:
 
 
 def _sox(arguments: list[str], path: Path) -> None:
-    done = subprocess.run(["sox", *arguments], capture_output=True, text=True)
+    # -D: no dither. sox dithers with a random seed when it writes 16-bit samples after an effect,
+    # so the same window assembled twice differed (and Whisper's transcript of it, by up to 8 tokens
+    # of 30 on the cards recording): neither split would have been the same audio from run to run.
+    done = subprocess.run(["sox", "-D", *arguments], capture_output=True, text=True)
     if done.returncode != 0:
         raise InputError(f"sox could not assemble {path.name}: {done.stderr[-300:]}")
 

@@ -75,3 +75,16 @@ def add_producer_run(
         collection.mismatches.append(f"{trajectory.window} {producer}")
         return
     trajectory.add_native(f"as2d:{producer}", result, budget)
+
+
+def merged(collections: list[Collection]) -> Collection:
+    """Several collections of the same windows as one: the first's trajectories, every run's
+    native results, mismatches and exactness verdicts."""
+    first, *rest = collections
+    whole = Collection(first.trajectories, list(first.mismatches), dict(first.native), first.exactness)
+    for other in rest:
+        whole.mismatches += other.mismatches
+        whole.exactness.absorb(other.exactness)
+        for key, results in other.native.items():
+            whole.native[key] = [*whole.native.get(key, []), *results]
+    return whole

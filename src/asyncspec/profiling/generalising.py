@@ -9,33 +9,23 @@ speech. Three guards:
 - **cross-validation across recordings**: each recording (a group of windows: its tempo variants
   go with it) is scored with the entry selected on the other recordings, which estimates what
   the procedure gives on audio it did not see. Reported beside the built-in default's figure;
-- **a producer that keeps pace only just**: every entry is scored, per window, on the slower of
-  its replay as collected and its replay with the producer PRODUCER_SLOWDOWN times slower
-  (`hedged_catalog`).
+- **a producer that keeps pace only just**: the split is collected more than once, and every
+  entry is charged, per window, the slowest of its replays over the collections
+  (`slowest_of`). A producer whose drafts arrive just in time on one run and late on another
+  is charged the late run; one that keeps pace on every run is not charged for a slowdown that
+  was never measured.
 """
 
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
-from asyncspec.profiling.costs import CostProfile
-from asyncspec.profiling.selection import BUDGETS, Catalog, Entry, replay_catalog
-from asyncspec.profiling.trajectory import Publication, WindowTrajectory
+from asyncspec.profiling.selection import Catalog, Entry
 
 # The replay's measured mean absolute throughput error on real windows (2.3 %, issue #29) rounded
 # up: entries closer than this cannot be told apart by replay.
 REPLAY_NOISE = 0.025
-
-# How much slower a producer may run than in the collection it was selected on. Measured
-# (2026-12-03, 2-core AMD EPYC): two collections of the same 15 real windows gave the
-# autoregressive producer spans, first start to last publication, 0.88-1.65x apart (median 1.15);
-# bench ondevice's run on the LibriVox test windows was slower again. Scored as collected, the
-# autoregressive producer won the split by 21 % and then reached 44 % of the oracle on the test
-# windows: it finishes its window only just before the target needs it, so a slower producer
-# turns every round into a wait. ct2-chunk publishes before the target's first round and is
-# unaffected. The hedge charges each entry what it would cost on a slower day.
-PRODUCER_SLOWDOWN = 1.25
 
 
 def window_tps(catalog: Catalog, entry: Entry) -> list[float]:
@@ -46,12 +36,13 @@ def window_tps(catalog: Catalog, entry: Entry) -> list[float]:
 
 
 def windows_won(catalog: Catalog, entries: list[Entry], windows: list[int]) -> dict[Entry, int]:
-    """How many of `windows` each entry is fastest on (all entries tied for fastest count it)."""
+    """How many of `windows` each entry is fastest on. Entries within REPLAY_NOISE of a window's
+    fastest all count it: a win by less than the replay can resolve is a tie, not a win."""
     won = dict.fromkeys(entries, 0)
     for index in windows:
         fastest = min(catalog.seconds[entry][index] for entry in entries)
         for entry in entries:
-            won[entry] += catalog.seconds[entry][index] <= fastest
+            won[entry] += catalog.seconds[entry][index] * (1 - REPLAY_NOISE) <= fastest
     return won
 
 
@@ -113,36 +104,14 @@ def rank_correlation(first: list[Entry], second: list[Entry]) -> float:
     return statistics.correlation(ranks_a, ranks_b)
 
 
-def slowed(trajectory: WindowTrajectory, factor: float) -> WindowTrajectory:
-    """The window with every producer's publications `factor` times later, measured from that
-    producer's first start (a producer `factor` times slower; the target's side unchanged)."""
-    return replace(trajectory, sources={name: _stretched(pubs, factor) for name, pubs in trajectory.sources.items()})
-
-
-def _stretched(publications: list[Publication], factor: float) -> list[Publication]:
-    if not publications:
-        return publications
-    origin = min(p.started for p in publications)
-    return [
-        replace(p, started=origin + (p.started - origin) * factor, published=origin + (p.published - origin) * factor)
-        for p in publications
-    ]
-
-
-def hedged_catalog(
-    trajectories: list[WindowTrajectory],
-    profile: CostProfile,
-    producers: list[str],
-    budgets=BUDGETS,
-    also: tuple[Entry, ...] = (),
-    slowdown: float = PRODUCER_SLOWDOWN,
-) -> Catalog:
-    """`replay_catalog`, each entry charged per window the slower of its replay as collected and
-    with its producer `slowdown` times slower."""
-    nominal = replay_catalog(trajectories, profile, producers, budgets, also)
-    slow = replay_catalog([slowed(t, slowdown) for t in trajectories], profile, producers, budgets, also)
+def slowest_of(catalogs: list[Catalog]) -> Catalog:
+    """Catalogs of several collections of the same windows as one, each entry charged per window
+    its slowest replay (the first collection's trajectories stand for the windows)."""
+    first = catalogs[0]
+    if any([t.fingerprint for t in c.trajectories] != [t.fingerprint for t in first.trajectories] for c in catalogs):
+        raise ValueError("the collections hold different windows")
     seconds = {
-        entry: [max(pair) for pair in zip(row, slow.seconds[entry], strict=True)]
-        for entry, row in nominal.seconds.items()
+        entry: [max(pair) for pair in zip(*(c.seconds[entry] for c in catalogs), strict=True)]
+        for entry in first.seconds
     }
-    return Catalog(nominal.trajectories, seconds, nominal.target_seconds, nominal.fallbacks)
+    return Catalog(first.trajectories, seconds, first.target_seconds, sum(c.fallbacks for c in catalogs))
