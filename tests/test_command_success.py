@@ -84,6 +84,7 @@ def test_replay_validate_exits_0_and_its_pricer_reproduces_native_durations(audi
     report = json.loads((out / "replay_validate.json").read_text())
     assert report["exactness"]["passed"] and report["windows"] == 1
     assert report["runs"] == 3 and report["per_window"][0]["runs"] == 3  # medians of three runs by default
+    assert report["native_run_to_run_pct"] >= 0 and report["target_run_to_run_pct"] >= 0
     # replay priced with the run's own measured durations must give back the run's own time
     assert report["native_pricer_max_abs_error_s"] < 1e-6
     assert (out / "replay_validate_trajectories.json").is_file()

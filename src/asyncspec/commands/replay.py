@@ -140,8 +140,8 @@ def agreement(pairs: list[tuple[WindowTrajectory, CostProfile]], producer: str, 
         "mean_signed_tps_error_pct": round(mean(w["tps_error_pct"] for w in windows), 3),
         "pooled_tps_error_pct": round(100 * (pooled_replay / pooled_native - 1), 3),
         "target_mean_abs_tps_error_pct": round(mean(abs(w["target_tps_error_pct"]) for w in windows), 3),
-        "nativerun_to_run_pct": run_to_run(rows, "native_tps"),
-        "targetrun_to_run_pct": run_to_run(rows, "target_native_tps"),
+        "native_run_to_run_pct": run_to_run(rows, "native_tps"),
+        "target_run_to_run_pct": run_to_run(rows, "target_native_tps"),
         "native_pricer_max_abs_error_s": max(abs(r["native_pricer_time_error_s"]) for r in rows),
         "per_window": windows,
         "rows": rows,
@@ -197,10 +197,10 @@ def print_agreement(report: dict) -> None:
         f"{report['target_mean_abs_tps_error_pct']:.2f}%; replay with native durations off by at most "
         f"{report['native_pricer_max_abs_error_s']:.2e} s"
     )
-    if report["nativerun_to_run_pct"] is not None:
+    if report["native_run_to_run_pct"] is not None:
         print(
             f"medians of {report['runs']} runs; one run differs from its window's median by "
-            f"{report['nativerun_to_run_pct']:.2f}% on average (target-only {report['targetrun_to_run_pct']:.2f}%)"
+            f"{report['native_run_to_run_pct']:.2f}% on average (target-only {report['target_run_to_run_pct']:.2f}%)"
         )
     if report.get("mismatches"):
         print(f"outputs differing from target-only (not replayed): {', '.join(report['mismatches'])}")
