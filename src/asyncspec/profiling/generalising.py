@@ -23,8 +23,10 @@ from dataclasses import dataclass
 
 from asyncspec.profiling.selection import Catalog, Entry
 
-# The replay's measured mean absolute throughput error on real windows (2.3 %, issue #29) rounded
-# up: entries closer than this cannot be told apart by replay.
+# The replay's mean absolute throughput error on real windows as measured on a quiet 2-core EPYC
+# (family 26: 2.3 %, issue #29), rounded up: entries closer than this cannot be told apart by
+# replay. On a family-25 EPYC one native run alone strayed 6-14 % from its window's median
+# (docs/ondevice.md); a wider margin would tie more entries and hand more choices to windows won.
 REPLAY_NOISE = 0.025
 
 
