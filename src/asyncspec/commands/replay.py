@@ -151,11 +151,8 @@ def agreement(pairs: list[tuple[WindowTrajectory, CostProfile]], producer: str, 
 def per_window(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Each window's median native and replayed TPS over its runs, and the error between them:
     one native run is one draw of the machine's speed, the median of several is what replay prices."""
-    grouped: dict[tuple[str, str], list[dict[str, Any]]] = {}
-    for row in rows:
-        grouped.setdefault((row["dataset"], row["window"]), []).append(row)
     windows = []
-    for (dataset, window), runs in grouped.items():
+    for (dataset, window), runs in _by_window(rows).items():
         figures = {key: median(r[key] for r in runs) for key in _MEDIANS}
         windows.append(
             {"window": window, "dataset": dataset, "tokens": runs[0]["tokens"], "runs": len(runs)}
@@ -173,13 +170,19 @@ def per_window(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 _MEDIANS = ("native_tps", "replay_tps", "target_native_tps", "target_replay_tps")
 
 
+def _by_window(rows: list[dict[str, Any]]) -> dict[tuple[str, str], list[dict[str, Any]]]:
+    """The runs of each (dataset, window), in order."""
+    grouped: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for row in rows:
+        grouped.setdefault((row["dataset"], row["window"]), []).append(row)
+    return grouped
+
+
 def run_to_run(rows: list[dict[str, Any]], key: str) -> float | None:
     """Mean absolute deviation of one run's TPS from its window's median, in percent (None with one
     run per window): the noise a single native run carries, below which no replay can agree with it."""
-    grouped: dict[tuple[str, str], list[float]] = {}
-    for row in rows:
-        grouped.setdefault((row["dataset"], row["window"]), []).append(row[key])
-    deviations = [abs(v / median(runs) - 1) for runs in grouped.values() if len(runs) > 1 for v in runs]
+    figures = [[run[key] for run in runs] for runs in _by_window(rows).values()]
+    deviations = [abs(v / median(runs) - 1) for runs in figures if len(runs) > 1 for v in runs]
     return round(100 * mean(deviations), 3) if deviations else None
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from asyncspec.errors import InputError
-from asyncspec.models.base import DecodeRequest, DecoderState
+from asyncspec.models.base import DecodeRequest, DecoderState, call_width
 from asyncspec.models.cache_entries import write_entry
 from asyncspec.models.fixed_shape import StaticKV, stack_sizes
 from asyncspec.models.int8_linear import Int8Linear, products_exact
@@ -156,7 +156,7 @@ def _compare(reference, reference_kv, logits, state, n: int) -> tuple[list[int],
 @torch.inference_mode()
 def _equal_at_threads(backend, threads: int, prompt, context, tokens, reference, reference_kv) -> bool:
     """Every partition's rows and KV, decoded at `threads`, equal to the reference's."""
-    width, n = getattr(backend, "call_width", None) or 8, len(tokens)
+    width, n = call_width(backend) or 8, len(tokens)
     with torch_threads(threads):
         for sizes in [[1] * n, *partitions(width, n)]:
             logits, state = _decode_in_blocks(backend, prompt, context, tokens, sizes)
@@ -172,7 +172,7 @@ def check_invariance(backend, wide_threads: int | None = None, stacked_blocks: i
     `stacked_blocks`, the batch check (`stacked_difference`)."""
     started = time.perf_counter()
     inexact = inexact_int8_shapes(backend)
-    width = getattr(backend, "call_width", None) or 8
+    width = call_width(backend) or 8
     n = width + EXTRA_TOKENS
     prompt = probe_prompt(backend)
     context = backend.probe_context() if hasattr(backend, "probe_context") else None
@@ -200,7 +200,7 @@ def check_invariance(backend, wide_threads: int | None = None, stacked_blocks: i
         engine=getattr(backend, "engine_name", type(backend).__name__),
         dtype=getattr(backend, "precision", str(getattr(backend, "dtype", "")).removeprefix("torch.")),
         threads=torch.get_num_threads(),
-        width=getattr(backend, "call_width", None),
+        width=call_width(backend),
         seconds=round(time.perf_counter() - started, 3),
         wide_threads=wide,
         wide_equal=None if wide is None else _equal_at_threads(backend, wide, prompt, context, tokens, *references),
@@ -213,7 +213,7 @@ def stacked_probe(backend, most_blocks: int) -> list[list[int]]:
     first k - 1 lists make k blocks): the first spans two blocks, so its second block reads its
     first's keys/values inside one call; the others fill 8, 7 or 6 of their block's rows, so
     padding rows sit between real ones."""
-    width = getattr(backend, "call_width", None) or 8
+    width = call_width(backend) or 8
     lengths = [width + 3, *(width - index % 3 for index in range(stack_sizes(most_blocks)[-1] - 2))]
     stream = probe_tokens(backend, sum(lengths))
     starts = [sum(lengths[:index]) for index in range(len(lengths))]
