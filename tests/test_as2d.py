@@ -274,6 +274,46 @@ def test_real_producer_is_decoupled_and_output_is_exact(whisper_base, kind, clip
     assert not producer.process.is_alive()
 
 
+@pytest.mark.real
+def test_the_profile_load_drafts_the_window_again_without_encoding_it_again(whisper_base, monkeypatch):
+    """The cost profile's concurrent sweep runs beside `steady_load`: the autoregressive producer
+    drafting, as natively beside a verifying target, not re-encoding. Each cycle must draft what a
+    fresh run drafts (the rollback restores the prefilled state); the control skips the rollback."""
+    from asyncspec.ondevice.sources import AutoregressiveWhisperSource, ProducerSpec
+
+    spec = ProducerSpec(kind="autoregressive", target_tokenizer_json=whisper_base.tokenizer.backend.to_str())
+    source = AutoregressiveWhisperSource(spec)
+    drafter, audio = source.drafter, load_audio(librivox_clips()[0].path)
+    real_extend, real_prefill, real_rollback = drafter.extend, drafter.prefill, drafter.rollback
+    fed: list[list[tuple[int, int]]] = [[]]
+    prefills = []
+
+    def extend(state, tokens):  # (the position each token was fed at, the token)
+        fed[-1].extend((state.length + i, token) for i, token in enumerate(tokens))
+        return real_extend(state, tokens)
+
+    def prefill(request):
+        prefills.append(request)
+        return real_prefill(request)
+
+    def drafted_in_three_cycles(rollback) -> list[list[tuple[int, int]]]:
+        del fed[1:], prefills[:]
+        fed.append([])
+        monkeypatch.setattr(drafter, "rollback", lambda state, length: (rollback(state, length), fed.append([])))
+        source.steady_load(audio, lambda: len(fed) > 4)
+        return fed[1:4]
+
+    monkeypatch.setattr(drafter, "extend", extend)
+    monkeypatch.setattr(drafter, "prefill", prefill)
+    source.run(0, audio, lambda batch: None, lambda: False)
+    fresh = fed[0]
+    assert len(fresh) > 10
+    assert drafted_in_three_cycles(real_rollback) == [fresh] * 3
+    assert len(prefills) == 1  # encoded once for every cycle
+    # the control: without the rollback the second cycle drafts on after the first one's text
+    assert drafted_in_three_cycles(lambda state, length: None)[1][0][0] == fresh[-1][0] + 1
+
+
 def test_festival_development_set(tmp_path):
     from asyncspec.data.devset import synthesize_dev_set
 

@@ -89,6 +89,7 @@ def test_long_file_seeks_by_timestamps_and_keeps_every_repeat(tmp_path):
         (["select-budget", "--producers", "psychic"], "unknown producer"),
         (["select-budget", "--collections", "0"], "--collections must be in 1..10"),
         (["replay", "--validate", "--repeats", "0"], "--repeats must be in 1..20"),
+        (["replay", "--validate", "--calibrate-every", "-1"], "--calibrate-every must be 0"),
         (["bench", "ondevice", "--oracle", "--profile", "/nonexistent/p.json"], "cost profile"),
     ],
 )

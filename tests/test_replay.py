@@ -8,7 +8,7 @@ import time
 import pytest
 import torch
 
-from asyncspec.commands.replay import per_window, run_to_run
+from asyncspec.commands.replay import bracketed, per_window, run_to_run
 from asyncspec.decoding.methods import METHODS
 from asyncspec.decoding.result import DecodeConfig
 from asyncspec.errors import InputError
@@ -280,3 +280,32 @@ def test_call_costs_are_fitted_to_grow_with_the_width():
     profile = CostProfile("t", "bf16", {IDLE: {0: samples}}, 0.0, 0.0, 0.0, 0.0)
     assert profile.verify_s(5, 0) == profile.verify_s(8, 0) < 0.038  # the control: 5's own mean is 0.038
     assert profile.mean_over_offsets(5)[0] == pytest.approx(0.038)  # the measured figures stay as measured
+
+
+def test_a_profile_pooled_with_a_later_one_prices_the_middle():
+    before, after = costs({1: 0.020, 8: 0.030}), costs({1: 0.030, 8: 0.040})
+    pooled = before.pooled_with(after)
+    assert pooled.verify_s(1, 0) == pytest.approx(0.025) and pooled.verify_s(8, 0) == pytest.approx(0.035)
+    assert before.verify_s(1, 0) == 0.020 and after.verify_s(1, 0) == 0.030  # neither is changed
+    with pytest.raises(InputError, match="same modes, offsets and widths"):
+        before.pooled_with(costs({1: 0.03}))
+
+
+def test_validation_blocks_are_priced_between_the_costs_before_and_after_them():
+    # the machine slows down by 10 ms a call per block; each block is run, then the costs re-measured
+    events: list[str] = []
+
+    def blocks():
+        for index in range(3):
+            events.append(f"block {index}")
+            yield index
+
+    def recalibrate(before: CostProfile) -> CostProfile:
+        events.append("calibrate")
+        return costs({1: before.verify_s(1, 0) + 0.010})
+
+    priced = [(block, profile.verify_s(1, 0)) for block, profile in bracketed(blocks(), costs({1: 0.020}), recalibrate)]
+    assert events == ["block 0", "calibrate", "block 1", "calibrate", "block 2", "calibrate"]
+    assert priced == [(0, pytest.approx(0.025)), (1, pytest.approx(0.035)), (2, pytest.approx(0.045))]
+    # the control: one profile measured before the first block prices them all at its start
+    assert [p.verify_s(1, 0) for _, p in bracketed(range(3), costs({1: 0.020}), None)] == [0.020] * 3

@@ -50,7 +50,11 @@ def add_replay(replay) -> None:
     # As²d's DEFAULT_BUDGET (decoding/as2d.py, which imports torch: not here); a test holds them equal
     replay.add_argument("--budget", type=int, default=7, help="validate: As²d budget (its default)")
     replay.add_argument(
-        "--calibrate-every", type=int, default=0, help="validate: re-measure call costs before every N windows"
+        "--calibrate-every",
+        type=int,
+        default=0,
+        help="validate: re-measure call costs after every N windows and price each block with the costs "
+        "measured just before and just after it, pooled (0: one profile, measured before the first)",
     )
     replay.add_argument(
         "--repeats", type=int, default=3,

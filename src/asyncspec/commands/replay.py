@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from statistics import mean, median
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 from asyncspec.commands.profile import measure_profile, print_profile, profile_settings
 from asyncspec.errors import InputError
@@ -19,6 +20,7 @@ from asyncspec.profiling.selection import rank, replay_catalog
 from asyncspec.profiling.trajectory import WindowTrajectory, load_trajectories, save_trajectories
 
 MAX_REPEATS = 20
+Block = TypeVar("Block")
 
 
 def run(args) -> int:
@@ -60,6 +62,8 @@ def validate(args) -> int:
     windows = directory_windows(args.audio) if args.audio else librivox_windows()
     if not 1 <= args.repeats <= MAX_REPEATS:
         raise InputError(f"--repeats must be in 1..{MAX_REPEATS}")
+    if args.calibrate_every < 0:
+        raise InputError("--calibrate-every must be 0 (never) or a number of windows")
     windows = windows * args.repeats  # whole passes, so that each window's runs meet different moments
     target = cast(WhisperBackend, load_decoder(args.model, args.dtype))  # measure_profile refuses another kind
     if args.profile:
@@ -69,17 +73,27 @@ def validate(args) -> int:
         profile.save(out / "replay_validate_profile.json")
     print_profile(profile)
     every = args.calibrate_every or len(windows)
-    pairs, mismatches = [], []
+    pairs: list[tuple[WindowTrajectory, CostProfile]] = []
+    mismatches: list[str] = []
+    block_profiles: list[dict[str, Any]] = []
     exactness = ExactnessCheck(target)
+    recalibrate = None
+    if calibration is not None and args.calibrate_every:
+        recalibrate = lambda before: calibration.recalibrate(before, args.budget + 1)  # noqa: E731
     with producers([choice], args.producer_model, args.dtype, target) as workers:
-        for start in range(0, len(windows), every):
-            if start and calibration is not None:  # block calibration: costs re-measured before each block
-                profile = calibration.recalibrate(profile, args.budget + 1)
-            collection = collect(target, workers, windows[start : start + every], args.budget, "replay --validate")
-            pairs += [(t, profile) for t in collection.trajectories]
+        blocks = (
+            collect(target, workers, windows[start : start + every], args.budget, "replay --validate")
+            for start in range(0, len(windows), every)
+        )
+        for collection, block_profile in bracketed(blocks, profile, recalibrate):
+            runs, profile_json = len(collection.trajectories), block_profile.to_json()
+            block_profiles.append({"first_run": len(pairs), "runs": runs, "profile": profile_json})
+            pairs += [(t, block_profile) for t in collection.trajectories]
             mismatches += collection.mismatches
             exactness.absorb(collection.exactness)
     save_trajectories(out / "replay_validate_trajectories.json", [t for t, _ in pairs])
+    if recalibrate is not None:  # what priced each block, so that the replay can be re-run offline
+        (out / "replay_validate_block_profiles.json").write_text(json.dumps(block_profiles))
     if any(f"as2d:{choice.name}" in t.native for t, _ in pairs):
         report = agreement(pairs, choice.name, args.budget)
         print_agreement(report)
@@ -91,6 +105,22 @@ def validate(args) -> int:
     report["exactness"] = exactness.as_json()
     _write(report, args.json or out / "replay_validate.json")
     return exactness.report()
+
+
+def bracketed(
+    blocks: Iterable[Block], profile: CostProfile, recalibrate: Callable[[CostProfile], CostProfile] | None
+) -> Iterator[tuple[Block, CostProfile]]:
+    """Each block (run when asked for) with the profile to price it by. With `recalibrate`, the
+    costs are measured again just after each block, and the block is priced with those pooled
+    with the costs measured just before it: the machine's speed drifts by more than the replay's
+    own error within minutes, so a block is priced at its middle. Without, every block by `profile`."""
+    for block in blocks:
+        if recalibrate is None:
+            yield block, profile
+            continue
+        after = recalibrate(profile)
+        yield block, profile.pooled_with(after)
+        profile = after  # the next block's costs before
 
 
 def agreement(pairs: list[tuple[WindowTrajectory, CostProfile]], producer: str, budget: int) -> dict:

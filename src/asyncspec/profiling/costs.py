@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import functools
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from statistics import mean, stdev
 from typing import Any
@@ -33,6 +33,10 @@ def monotone_fit(samples_by_width: dict[int, list[float]]) -> dict[int, float]:
             blocks.append([(mean_a * weight_a + mean_b * weight_b) / weight, weight, count_a + count_b])
     fitted = [value for value, _, count in blocks for _ in range(int(count))]
     return dict(zip(widths, fitted, strict=True))
+
+
+def _grid(profile: CostProfile) -> dict[str, dict[int, list[int]]]:
+    return {mode: {o: sorted(by_k) for o, by_k in offsets.items()} for mode, offsets in profile.verify.items()}
 
 
 @dataclass
@@ -83,6 +87,21 @@ class CostProfile:
             mode: {offset: monotone_fit(by_k) for offset, by_k in offsets.items()}
             for mode, offsets in self.verify.items()
         }
+
+    def pooled_with(self, later: CostProfile) -> CostProfile:
+        """This profile with `later`'s call timings added to its own (same modes, offsets and
+        widths): costs measured before and after a stretch of runs, so that a drift of the
+        machine's speed during the stretch is priced at its middle rather than at its start."""
+        if _grid(self) != _grid(later):
+            raise InputError("pooled profiles must cover the same modes, offsets and widths")
+        verify = {
+            mode: {
+                offset: {k: samples + later.verify[mode][offset][k] for k, samples in by_k.items()}
+                for offset, by_k in offsets.items()
+            }
+            for mode, offsets in self.verify.items()
+        }
+        return replace(self, verify=verify)
 
     def mean_over_offsets(self, width: int, mode: str = IDLE) -> tuple[float, float]:
         """(mean, sample standard deviation) of the width's calls pooled over offsets."""

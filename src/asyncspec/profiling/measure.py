@@ -87,11 +87,13 @@ def verify_timings(
 
 
 def producer_load_main(spec: ProducerSpec, audio: np.ndarray, ready, stop) -> None:
-    """A background producer recognising the calibration audio over and over until stopped."""
+    """A background producer doing, over the calibration audio, what it does beside a verifying
+    target (`steady_load`) until stopped; ready once a first whole run has paid its one-off costs
+    (first allocations, kernel choices), as the long-lived native producer has."""
     source = SOURCES[spec.kind](spec)
+    source.run(0, audio, lambda batch: None, stop.is_set)
     ready.set()
-    while not stop.is_set():
-        source.run(0, audio, lambda batch: None, stop.is_set)
+    source.steady_load(audio, stop.is_set)
 
 
 class ProducerLoad:
@@ -110,7 +112,6 @@ class ProducerLoad:
         if not self.ready.wait(LOAD_READY_TIMEOUT_S):
             self.__exit__()
             raise RuntimeError("the producer load process did not start")
-        time.sleep(0.5)  # past its first encoder pass
         return self
 
     def __exit__(self, *exc) -> None:
