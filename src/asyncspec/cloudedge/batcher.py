@@ -43,8 +43,11 @@ class Batching:
         proven = min(report.stacking(threads), max_stack)
         if proven >= 2:
             calls = ", ".join(str(n) for n in stack_sizes(proven))
+            wider = "" if report.stacked_equal else f"; wider calls differ ({report.stacked_difference})"
             return cls(
-                STACKED, proven, f"self-test batch check passed: calls of {calls} blocks equal per-request calls"
+                STACKED,
+                proven,
+                f"self-test batch check passed: calls of {calls} blocks equal per-request calls{wider}",
             )
         if not report.stacked_equal:
             return cls(PER_REQUEST, 1, f"self-test batch check FAILED: {report.stacked_difference or report.summary()}")

@@ -35,7 +35,8 @@ ATTENTION_DTYPE = torch.float32  # scores, softmax and weighted sum; the cache i
 @dataclass
 class StaticKV:
     """Per-request keys/values: one [H_kv, slots, D_h] tensor per layer and kind, in ATTENTION_DTYPE.
-    `cross` holds an encoder-decoder model's cross-attention keys/values (read-only, shareable)."""
+    `cross` holds an encoder-decoder model's cross-attention keys [H_kv, T, D_h] and values, transposed
+    [H_kv, D_h, T] (attend_all's layout), per layer (read-only, shareable)."""
 
     keys: list[torch.Tensor]
     values: list[torch.Tensor]
@@ -137,21 +138,25 @@ def row_positions(slots: Sequence[RowSlot], width: int, last_position: int | Non
 def attend_all(
     queries: torch.Tensor,  # [H, W, D_h] in the model's dtype
     keys: torch.Tensor,  # [H_kv, T, D_h] ATTENTION_DTYPE
-    values: torch.Tensor,  # [H_kv, T, D_h] ATTENTION_DTYPE
+    values_t: torch.Tensor,  # [H_kv, D_h, T] ATTENTION_DTYPE: transposed, contiguous
     scale: float,
     observe: Callable[[torch.Tensor], None] | None = None,
 ) -> torch.Tensor:  # [W, H * D_h] in ATTENTION_DTYPE
     """Unmasked attention over a fixed-length memory (cross-attention over the encoder output):
-    every call has the same [W, T] shape. `observe` is shown the weights [H, W, T] (read, never
-    changed: the output is the same with or without it)."""
+    every call has the same [W, T] shape. The call's rows are the products' columns, never their
+    rows: a float GEMM kernel may run a call's rows in register blocks, and then a row's bits depend
+    on where it sits (MKL's AVX2 kernel takes 6 rows: rows 6 and 7 of an 8-row call came out
+    different, Xeon capped to AVX2, 2026-12-04), whereas a column is a vector lane, computed alike
+    wherever it sits. `observe` is shown the weights [H, W, T] (read, never changed: the output is
+    the same with or without it)."""
     heads, width, head_dim = queries.shape
     kv_heads = keys.shape[0]
     q = queries.to(ATTENTION_DTYPE).reshape(kv_heads, (heads // kv_heads) * width, head_dim)
-    scores = torch.matmul(q, keys.transpose(1, 2))
-    weights = torch.softmax(scores * scale if scale != 1.0 else scores, dim=-1)
+    scores = torch.matmul(keys, q.transpose(1, 2)).transpose(1, 2).contiguous()  # [H_kv, group * W, T]
+    weights = torch.softmax(scores * scale if scale != 1.0 else scores, dim=-1)  # per row: invariant
     if observe is not None:
         observe(weights.view(heads, width, -1))
-    out = torch.matmul(weights, values)  # [H_kv, group * W, D_h]
+    out = torch.matmul(values_t, weights.transpose(1, 2)).transpose(1, 2)  # [H_kv, group * W, D_h]
     return out.reshape(heads, width, head_dim).transpose(0, 1).reshape(width, heads * head_dim)
 
 

@@ -42,7 +42,8 @@ class WhisperBlockForward:
         for layer in self.decoder.layers:
             attention = layer.encoder_attn
             keys = self._heads(attention.k_proj(encoded)).to(ATTENTION_DTYPE)
-            values = self._heads(attention.v_proj(encoded)).to(ATTENTION_DTYPE)
+            # transposed once here: attend_all multiplies with the call's rows as columns
+            values = self._heads(attention.v_proj(encoded)).to(ATTENTION_DTYPE).transpose(1, 2).contiguous()
             cache.cross.append((keys, values))
         return cache
 

@@ -56,6 +56,9 @@ class InvarianceReport:
     stacked_blocks: int | None = None
     stacked_equal: bool | None = None
     stacked_difference: str = ""  # the first difference, "" when equal
+    # The largest stack whose calls, and every smaller stack's, were all equal (0: none; kernels
+    # may block a wide call differently only past some width: AMX bf16 at 64 rows, 2026-12-04).
+    stacked_proven: int = 0
     stacked_seconds: float = 0.0  # the batch check's part of `seconds`
 
     def summary(self) -> str:
@@ -71,18 +74,26 @@ class InvarianceReport:
     def _stacked_summary(self) -> str:
         if self.stacked_blocks is None:
             return ""
-        calls = ", ".join(str(n) for n in stack_sizes(self.stacked_blocks))
-        verdict = "equal" if self.stacked_equal else f"DIFFERENT ({self.stacked_difference})"
-        return f"; stacked calls of {calls} blocks {verdict}"
+        if self.stacked_equal:
+            return f"; stacked calls of {_sizes(self.stacked_blocks)} blocks equal"
+        equal = f"{_sizes(self.stacked_proven)} blocks equal, " if self.stacked_proven >= 2 else ""
+        return f"; stacked calls of {equal}of {self._stacks_differing()} blocks DIFFERENT ({self.stacked_difference})"
+
+    def _stacks_differing(self) -> str:
+        return ", ".join(str(n) for n in stack_sizes(self.stacked_blocks or 0) if n > self.stacked_proven)
 
     def stacking(self, threads: int) -> int:
         """The most blocks one call may stack at `threads` (1: one call per request)."""
-        proven = self.passed and bool(self.stacked_equal) and threads == self.threads
-        return (self.stacked_blocks or 1) if proven else 1
+        proven = self.passed and threads == self.threads and self.stacked_proven >= 2
+        return self.stacked_proven if proven else 1
 
     def may_use(self, threads: int) -> bool:
         """Whether rows decoded at `threads` equal rows decoded at the checked count."""
         return threads == self.threads or (threads == self.wide_threads and bool(self.wide_equal))
+
+
+def _sizes(most_blocks: int) -> str:
+    return ", ".join(str(n) for n in stack_sizes(most_blocks))
 
 
 def probe_tokens(backend, n: int) -> list[int]:
@@ -226,24 +237,27 @@ def _batch_check(backend, context, most_blocks: int | None) -> dict:
         return {}
     started = time.perf_counter()
     engine = getattr(backend, "engine", None)
-    difference = _first_stacked_difference(backend, context, most_blocks) if engine else "no fixed-shape engine"
+    proven, difference = _stacked_check(backend, context, most_blocks) if engine else (0, "no fixed-shape engine")
     return {
         "stacked_blocks": most_blocks,
         "stacked_equal": not difference,
         "stacked_difference": difference,
+        "stacked_proven": proven,
         "stacked_seconds": round(time.perf_counter() - started, 3),
     }
 
 
-def _first_stacked_difference(backend, context, most_blocks: int) -> str:
+def _stacked_check(backend, context, most_blocks: int) -> tuple[int, str]:
     """Each probe request's tokens through `extend`, a call of its own per block (the per-request
     path), then again stacked with the others' in calls of 2, 4, ... `most_blocks` blocks, from
     empty caches (a row's position changes only its attention, which is per row); every row's
-    logits and KV compared bit for bit. "" when all are equal. Costs one call per block alone, plus
-    one call of each stacked width (with 8: eight 8-row calls, then calls of 16, 32 and 64 rows)."""
+    logits and KV compared bit for bit. (the largest stack equal, with every smaller one; the first
+    difference, "" when all are equal). Costs one call per block alone, plus one call of each
+    stacked width (with 8: eight 8-row calls, then calls of 16, 32 and 64 rows)."""
     parts = stacked_probe(backend, most_blocks)
     alone_states = _empty_states(backend, context, len(parts))
     alone = [backend.extend(state, tokens) for state, tokens in zip(alone_states, parts, strict=True)]
+    proven = 0
     for blocks in stack_sizes(most_blocks):
         states = _empty_states(backend, context, blocks - 1)
         stacked = backend.extend_stacked(states, parts[: blocks - 1], blocks)
@@ -251,8 +265,9 @@ def _first_stacked_difference(backend, context, most_blocks: int) -> str:
             differing, kv = _compare(alone[index], _kv_rows(alone_states[index]), rows, state, len(rows))
             if differing or kv:
                 where = f"row {differing[0]} differs from its own call's" if differing else "keys/values differ"
-                return f"a call of {blocks} stacked blocks: request {index}'s {where}"
-    return ""
+                return proven, f"a call of {blocks} stacked blocks: request {index}'s {where}"
+        proven = blocks
+    return proven, ""
 
 
 def _empty_states(backend, context, count: int) -> list[DecoderState]:
@@ -358,6 +373,8 @@ def _read_cached(path: Path | None) -> InvarianceReport | None:
         return None
     try:
         fields = json.loads(path.read_text())
+        if "stacked_proven" not in fields:  # an entry written before partial stacks were kept
+            fields["stacked_proven"] = (fields.get("stacked_blocks") or 0) if fields.get("stacked_equal") else 0
         return InvarianceReport(**{**fields, "cached": True})
     except (ValueError, TypeError):
         return None  # a damaged cache entry is measured again
