@@ -265,3 +265,14 @@ def test_prefill_projects_only_the_wanted_prompt_rows_and_they_equal_a_full_proj
     assert torch.equal(rows[-1], state.next_logits)  # the decoding row, with the rules
     with pytest.raises(ValueError, match="not all inside"):
         whisper.engine.prefill(whisper.engine.new_cache(encoded), 0, prompt[:4], wanted=[9])
+
+
+def test_a_verdict_cached_for_another_engine_revision_is_measured_again(tmp_path, monkeypatch):
+    from asyncspec.models import selftest
+
+    monkeypatch.setenv("ASYNCSPEC_CACHE", str(tmp_path))
+    first = invariance(tiny_causal(torch.float32, seed=12))
+    assert not first.cached and len(list((tmp_path / "selftest").glob("*.json"))) == 1
+    assert invariance(tiny_causal(torch.float32, seed=12)).cached  # a fresh backend reads the entry
+    monkeypatch.setattr(selftest, "VERDICT_REVISION", selftest.VERDICT_REVISION + 1)
+    assert not invariance(tiny_causal(torch.float32, seed=12)).cached  # the engine's arithmetic changed

@@ -296,6 +296,11 @@ def probe_prompt(backend) -> list[int]:
 # ------------------------------------------------------------------ the verdict, cached per machine
 
 
+# Bumped when the engine's arithmetic or the report's fields change, so that a verdict cached for
+# other arithmetic is measured again (2: cross-attention with the rows as columns; partial stacks).
+VERDICT_REVISION = 2
+
+
 def machine_identity() -> dict:
     """What a per-machine measurement depends on besides the model: CPU model and flags, ISA caps,
     torch version and threads."""
@@ -350,7 +355,7 @@ def invariance(
         return known
     cacheable = use_cache and hasattr(backend, "_output_weight")  # a verdict is cached per model weights
     asked = {"wide_threads": wide_threads, "stacked_blocks": stacked_blocks}
-    extra = {name: value for name, value in asked.items() if value is not None}
+    extra = {name: value for name, value in asked.items() if value is not None} | {"revision": VERDICT_REVISION}
     path = _cache_file(machine_key(backend) | extra) if cacheable else None
     report = _read_cached(path)
     if report is None:
@@ -373,8 +378,6 @@ def _read_cached(path: Path | None) -> InvarianceReport | None:
         return None
     try:
         fields = json.loads(path.read_text())
-        if "stacked_proven" not in fields:  # an entry written before partial stacks were kept
-            fields["stacked_proven"] = (fields.get("stacked_blocks") or 0) if fields.get("stacked_equal") else 0
         return InvarianceReport(**{**fields, "cached": True})
     except (ValueError, TypeError):
         return None  # a damaged cache entry is measured again
