@@ -21,9 +21,9 @@ import torch
 
 from asyncspec.cloudedge import protocol as wire
 from asyncspec.models.base import DecoderState
-from asyncspec.models.fixed_shape import cut_into_stacks, stack_sizes
+from asyncspec.models.fixed_shape import cut_into_stacks
 from asyncspec.models.kv_backend import KVBackend
-from asyncspec.models.selftest import InvarianceReport
+from asyncspec.models.selftest import InvarianceReport, stack_list
 
 Admission = str  # "queued", "duplicate", "superseded" or "busy"
 STACKED, PER_REQUEST = "stacked", "per-request"
@@ -42,12 +42,11 @@ class Batching:
             return cls(PER_REQUEST, 1, f"stacking off (max_stack {max_stack})")
         proven = min(report.stacking(threads), max_stack)
         if proven >= 2:
-            calls = ", ".join(str(n) for n in stack_sizes(proven))
             wider = "" if report.stacked_equal else f"; wider calls differ ({report.stacked_difference})"
             return cls(
                 STACKED,
                 proven,
-                f"self-test batch check passed: calls of {calls} blocks equal per-request calls{wider}",
+                f"self-test batch check passed: calls of {stack_list(proven)} blocks equal per-request calls{wider}",
             )
         if not report.stacked_equal:
             return cls(PER_REQUEST, 1, f"self-test batch check FAILED: {report.stacked_difference or report.summary()}")

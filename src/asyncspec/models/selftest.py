@@ -75,12 +75,10 @@ class InvarianceReport:
         if self.stacked_blocks is None:
             return ""
         if self.stacked_equal:
-            return f"; stacked calls of {_sizes(self.stacked_blocks)} blocks equal"
-        equal = f"{_sizes(self.stacked_proven)} blocks equal, " if self.stacked_proven >= 2 else ""
-        return f"; stacked calls of {equal}of {self._stacks_differing()} blocks DIFFERENT ({self.stacked_difference})"
-
-    def _stacks_differing(self) -> str:
-        return ", ".join(str(n) for n in stack_sizes(self.stacked_blocks or 0) if n > self.stacked_proven)
+            return f"; stacked calls of {stack_list(self.stacked_blocks)} blocks equal"
+        equal = f"{stack_list(self.stacked_proven)} blocks equal, " if self.stacked_proven >= 2 else ""
+        differing = stack_list(self.stacked_blocks or 0, above=self.stacked_proven)
+        return f"; stacked calls of {equal}of {differing} blocks DIFFERENT ({self.stacked_difference})"
 
     def stacking(self, threads: int) -> int:
         """The most blocks one call may stack at `threads` (1: one call per request)."""
@@ -92,8 +90,9 @@ class InvarianceReport:
         return threads == self.threads or (threads == self.wide_threads and bool(self.wide_equal))
 
 
-def _sizes(most_blocks: int) -> str:
-    return ", ".join(str(n) for n in stack_sizes(most_blocks))
+def stack_list(most_blocks: int, above: int = 0) -> str:
+    """The stack sizes up to `most_blocks` (past `above`), as the reports print them: "2, 4, 8"."""
+    return ", ".join(str(n) for n in stack_sizes(most_blocks) if n > above)
 
 
 def probe_tokens(backend, n: int) -> list[int]:
