@@ -38,6 +38,9 @@ from cloudedge_support import (  # noqa: E402
 
 PROMPTS = [[3, 17, 5, 8], [9, 2, 44], [12, 13, 14, 15, 16], [7, 7, 1]]
 TOKENS = 48
+# The round with the kill runs longer, so the kill lands while every request is still running: on a
+# loaded machine one replica's request ran 23 of 48 tokens before the other's had a second event.
+KILL_ROUND_TOKENS = 160
 COUNTERS = re.compile(r"asyncspec cloud stopped; counters: (\{.*\})")
 WINDOW_S = 0.1  # how far back the kill looks for the replica doing the work
 PIDS = re.compile(r"pids ([\d, ]+);")
@@ -79,10 +82,11 @@ def scenario(target_dir: Path, drafter, extra: list[str], kill: bool, timeout_s:
         edge = ServiceThread(gateway).start()
         try:
             report["first"] = [_tokens(r) for r in finished(submit(gateway, TOKENS), timeout_s)]
-            collectors = submit(gateway, TOKENS)
+            collectors = submit(gateway, KILL_ROUND_TOKENS)
             if kill:
                 killed = _kill_when_all_have_output(pids, collectors, timeout_s)
                 report["killed"], report["killed_at_events"] = pids.index(killed), [len(c.events) for c in collectors]
+                report["finished_before_kill"] = [c.done.is_set() for c in collectors]
             report["second"] = [_tokens(r) for r in finished(collectors, timeout_s)]
             report["edge"] = gateway.summary()
         finally:
@@ -166,10 +170,10 @@ def _wait_for_raylet(ray: str, address: str, timeout_s: float = 90) -> None:
 
 def main(out: str) -> None:
     target, drafter = model_pair(noise=0.05, family="qwen3")
-    expected = [
-        decode_target_only(target, None, DecodeRequest(tuple(p), max_new_tokens=TOKENS)).tokens for p in PROMPTS
-    ]
-    reports: dict = {"expected": expected}
+    reports: dict = {
+        name: [decode_target_only(target, None, DecodeRequest(tuple(p), max_new_tokens=n)).tokens for p in PROMPTS]
+        for name, n in (("expected", TOKENS), ("expected_kill_round", KILL_ROUND_TOKENS))
+    }
     # Ray's token authentication, with a token of this run's own: `ray start --head` does not make
     # one (it failed on a fresh machine without ~/.ray/auth_token), and every process started from
     # here (the head, the clouds that join it) reads it from the environment.
