@@ -79,10 +79,15 @@ def tiny_causal(
 
 
 def tiny_whisper(
-    dtype: torch.dtype | str = torch.float32, seed: int = 0, multilingual: bool = False, engine: str = "fixed-shape"
+    dtype: torch.dtype | str = torch.float32,
+    seed: int = 0,
+    multilingual: bool = False,
+    engine: str = "fixed-shape",
+    peak: float = 1.0,
 ) -> WhisperBackend:
     """Whisper-shaped, 2+2 layers, with the real tiny.en (English-only) or base (multilingual) tokenizer;
-    dtype "int8": an fp32 model with int8 decoder weights."""
+    dtype "int8": an fp32 model with int8 decoder weights. `peak` scales the (tied) token embedding,
+    so the logits: a random model's near-uniform distributions become peaked, like a trained one's."""
     torch.manual_seed(seed)
     eot = 50257 if multilingual else 50256
     config = WhisperConfig(
@@ -105,6 +110,8 @@ def tiny_whisper(
         begin_suppress_tokens=[220, eot],
     )
     model = WhisperForConditionalGeneration(config).to(torch.float32 if dtype == "int8" else dtype)
+    with torch.no_grad():
+        model.model.decoder.embed_tokens.weight.mul_(peak)
     source = "whisper-base" if multilingual else "whisper-tiny.en"
     tokenizer = TextTokenizer.from_file(real_model_dir(source) / "tokenizer.json")
     return WhisperBackend(model, tokenizer, f"tiny-whisper-{seed}", engine=engine, int8=dtype == "int8")

@@ -90,24 +90,41 @@ def test_fallback_windows_are_sampled_the_same_by_every_method(transcriber, reco
 
 
 def test_best_of_draws_side_by_side_are_the_draws_alone_on_whisper_base(transcriber, recording):
-    """A fallback's best-of draws share the target's calls (decoding/target_draws.py); on the real
-    model every draw is still bitwise its own target-only decode, and the transcription runs them so."""
+    """A fallback's best-of draws share the target's calls (decoding/target_draws.py), and As²d's
+    also verify candidates from the window's earlier attempts (decoding/speculative_draws.py); on
+    the real model every draw is still bitwise its own target-only decode, and the transcription
+    runs them so: As²d's draws equal target-only's in fewer calls."""
     from dataclasses import replace
 
     from asyncspec.decoding.result import DecodeConfig
+    from asyncspec.decoding.speculative_draws import decode_speculative_draws
     from asyncspec.decoding.target_draws import decode_target_draws
     from asyncspec.decoding.target_only import decode_target_only
+    from asyncspec.models.selftest import invariance
 
     target, audio = transcriber.target, recording[0][: 12 * SAMPLE_RATE]
     request = replace(target.request(audio, timestamps=True), encoded=target.encode_audio(audio))
     configs = [DecodeConfig(0.6, seed=seed, positional_sampling=True) for seed in (1, 2, 3)]
-    packed = decode_target_draws(target, request, configs)
     alone = [decode_target_only(target, None, request, config) for config in configs]
-    assert [d.tokens for d in packed] == [d.tokens for d in alone]
-    assert [d.stats.logprobs for d in packed] == [d.stats.logprobs for d in alone]
-    _, info = run(transcriber, audio, "as2d", log_prob_threshold=0.0, best_of=3, temperatures=(0.0, 0.6))
-    draws = info.windows[0].draws
+    greedy = decode_target_only(target, None, request).tokens
+    stacking = invariance(target).stacking(transcriber.threads)
+    for packed in (
+        decode_target_draws(target, request, configs),
+        decode_speculative_draws(target, request, configs, [greedy], stacking),
+    ):
+        assert [d.tokens for d in packed] == [d.tokens for d in alone]
+        assert [d.stats.logprobs for d in packed] == [d.stats.logprobs for d in alone]
+    forced = {"log_prob_threshold": 0.0, "best_of": 3, "temperatures": (0.0, 0.6)}
+    _, info = run(transcriber, audio, "as2d", **forced)
+    _, target_info = run(transcriber, audio, "target", **forced)
+    draws, target_draws = info.windows[0].draws, target_info.windows[0].draws
     assert len(draws) == 4 and [d.result.stats.notes.get("decoded_beside") for d in draws[1:]] == [3] * 3
+    assert [d.result.tokens for d in draws] == [d.result.tokens for d in target_draws]
+    assert [d.result.stats.logprobs for d in draws] == [d.result.stats.logprobs for d in target_draws]
+    assert sum(d.result.stats.accepted for d in draws[1:]) > 0  # As²d's draws verified candidates
+    assert all(d.result.stats.drafted == 0 for d in target_draws)  # target-only's never do
+    calls = [max(d.result.stats.target_calls for d in i.windows[0].draws[1:]) for i in (info, target_info)]
+    assert calls[0] < calls[1], calls
 
 
 def publications_under(transcriber, audio, perturb: bool, leaky: bool, monkeypatch) -> list:

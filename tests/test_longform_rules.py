@@ -147,7 +147,7 @@ def scripted_windows(resume: bool, **options) -> list:
     from asyncspec.trace import Trace
     from asyncspec.transcription.longform import LongformOptions, transcribe_windows
 
-    def decode(request, configs, seek_s, end_s):
+    def decode(request, configs, seek_s, end_s, earlier):
         tokens = EARLY_END_SCRIPT.get(round(seek_s, 2), [12, 3, 62])
         return [DecodeResult("scripted", tokens, DecodeStats(logprobs=[0.0] * (len(tokens) + 1)), Trace())]
 

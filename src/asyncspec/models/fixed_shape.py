@@ -58,6 +58,12 @@ class StaticKV:
     def slots(self) -> int:
         return self.keys[0].shape[1]
 
+    def sibling(self) -> StaticKV:
+        """An empty cache of the same shape over the same cross-attention memory (not recomputed)."""
+        empty = StaticKV.empty(len(self.keys), self.keys[0].shape[0], self.slots, self.keys[0].shape[2])
+        empty.cross = self.cross
+        return empty
+
     def copy(self) -> StaticKV:
         """An independent self-attention cache; the cross-attention tensors are shared."""
         attention = None if self.attention is None else self.attention.copy()
@@ -247,15 +253,20 @@ class FixedShapeEngine:
             rows.append(self.project(padded)[: len(block)])
         return torch.cat(rows) if rows else torch.empty(0, 0)
 
-    def run_rows(self, slots: Sequence[RowSlot], tokens: Sequence[int]) -> torch.Tensor:
+    def run_rows(self, slots: Sequence[RowSlot], tokens: Sequence[int], most_blocks: int = 1) -> torch.Tensor:
         """Logits [len(tokens), V] of tokens[i] at slots[i], rows of different requests side by side
         in calls of `width` rows: each row is computed as in any call of the request's own (one
-        shape, its own prefix), so packing requests together changes no bit of any of them."""
-        width, rows = self.shape.width, []
-        for offset in range(0, len(tokens), width):
-            chunk = list(tokens[offset : offset + width])
-            ids = torch.tensor(chunk + [self.pad_id] * (width - len(chunk)))
-            rows.append(self.project(self.forward(slots[offset : offset + width], ids))[: len(chunk)])
+        shape, its own prefix), so packing requests together changes no bit of any of them. Rows of
+        one request at consecutive positions may share a call, as a block's do: every row's keys
+        and values are written, layer by layer, before any row attends. With `most_blocks` > 1 the
+        rows' blocks of `width` are stacked into calls of 2, 4, ... blocks (`cut_into_stacks`): only
+        where the self-test's batch check proved those stacks equal (see `run_stacked`)."""
+        width, rows, done = self.shape.width, [], 0
+        for blocks in cut_into_stacks(-(-len(tokens) // width), most_blocks):
+            chunk = list(tokens[done : done + blocks * width])
+            ids = torch.tensor(chunk + [self.pad_id] * (blocks * width - len(chunk)))
+            rows.append(self.project(self.forward(slots[done : done + len(chunk)], ids))[: len(chunk)])
+            done += len(chunk)
         return torch.cat(rows) if len(rows) > 1 else rows[0]
 
     def run_stacked(self, parts: Sequence[tuple[StaticKV, int, Sequence[int]]], most_blocks: int) -> list[torch.Tensor]:

@@ -178,24 +178,41 @@ class KVBackend:
         state.tokens.extend(tokens)
         state.next_logits = logits[-1]
 
-    @torch.inference_mode()
     def extend_each(self, states: Sequence[DecoderState], tokens: Sequence[int]) -> list[torch.Tensor]:
         """Append tokens[i] to states[i], the requests' rows side by side in calls of the engine's
         width; the float32 logits [V] after each, bitwise what `extend(states[i], [tokens[i]])`
         returns (models/fixed_shape.py: a row never sees the call it is in)."""
+        return [rows[-1] for rows in self.extend_packed(states, [[token] for token in tokens])]
+
+    @torch.inference_mode()
+    def extend_packed(
+        self, states: Sequence[DecoderState], token_lists: Sequence[Sequence[int]], most_blocks: int = 1
+    ) -> list[torch.Tensor]:
+        """`extend(states[i], token_lists[i])` for every i, all the requests' rows packed together into
+        calls of the engine's width (FixedShapeEngine.run_rows), bitwise what `extend` returns: a
+        request's rows may sit anywhere in a call and share it with any other request's. With
+        `most_blocks` > 1, calls of up to that many blocks: only where the invariance self-test's
+        batch check proved packed stacks of that many blocks equal (InvarianceReport.stacking)."""
         if self.engine is None:
-            raise TypeError("extend_each needs the fixed-shape engine")
-        tokens = [int(t) for t in tokens]
-        for state, token in zip(states, tokens, strict=True):
-            self._check_tokens(state, [token])
-        slots = [RowSlot(state.cache, state.length) for state in states]
-        logits = self.engine.run_rows(slots, tokens).float()
-        rows = []
-        for index, (state, token) in enumerate(zip(states, tokens, strict=True)):
-            row = logits[index : index + 1].clone()  # its own memory: the rules mask it in place
-            self._settle(state, [token], row)
-            rows.append(row[-1])
-        return rows
+            raise TypeError("extend_packed needs the fixed-shape engine")
+        if len({id(state.cache) for state in states}) != len(states):
+            raise ValueError("extend_packed takes each request once")
+        lists = [[int(t) for t in tokens] for tokens in token_lists]
+        for state, tokens in zip(states, lists, strict=True):
+            self._check_tokens(state, tokens)
+        slots = [
+            RowSlot(state.cache, state.length + offset)
+            for state, tokens in zip(states, lists, strict=True)
+            for offset in range(len(tokens))
+        ]
+        logits = self.engine.run_rows(slots, [token for tokens in lists for token in tokens], most_blocks).float()
+        out, done = [], 0
+        for state, tokens in zip(states, lists, strict=True):
+            rows = logits[done : done + len(tokens)].clone()  # its own memory: the rules mask it in place
+            self._settle(state, tokens, rows)
+            out.append(rows)
+            done += len(tokens)
+        return out
 
     @torch.inference_mode()
     def extend_stacked(

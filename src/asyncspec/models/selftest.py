@@ -60,6 +60,9 @@ class InvarianceReport:
     # may block a wide call differently only past some width: AMX bf16 at 64 rows, 2026-12-04).
     stacked_proven: int = 0
     stacked_seconds: float = 0.0  # the batch check's part of `seconds`
+    # The thread counts the batch check ran at: `threads`, and `wide_threads` where that was checked
+    # (a transcriber's fallback draws stack at whichever count it decodes with then).
+    stacked_threads: tuple[int, ...] = ()
 
     def summary(self) -> str:
         verdict = "passed" if self.passed else f"FAILED ({self.first_difference})"
@@ -82,7 +85,8 @@ class InvarianceReport:
 
     def stacking(self, threads: int) -> int:
         """The most blocks one call may stack at `threads` (1: one call per request)."""
-        proven = self.passed and threads == self.threads and self.stacked_proven >= 2
+        checked = threads in (self.stacked_threads or (self.threads,))
+        proven = self.passed and self.may_use(threads) and checked and self.stacked_proven >= 2
         return self.stacked_proven if proven else 1
 
     def may_use(self, threads: int) -> bool:
@@ -214,7 +218,7 @@ def check_invariance(backend, wide_threads: int | None = None, stacked_blocks: i
         seconds=round(time.perf_counter() - started, 3),
         wide_threads=wide,
         wide_equal=None if wide is None else _equal_at_threads(backend, wide, prompt, context, tokens, *references),
-        **_batch_check(backend, context, stacked_blocks),
+        **_batch_check(backend, context, stacked_blocks, wide),
     )
 
 
@@ -222,27 +226,39 @@ def stacked_probe(backend, most_blocks: int) -> list[list[int]]:
     """Requests' token lists whose blocks fill calls of 2, 4, ... `most_blocks` blocks exactly (the
     first k - 1 lists make k blocks): the first spans two blocks, so its second block reads its
     first's keys/values inside one call; the others fill 8, 7 or 6 of their block's rows, so
-    padding rows sit between real ones."""
+    padding rows sit between real ones. More lists follow until their rows fill the widest call
+    packed (`_packed_difference`)."""
     width = call_width(backend) or 8
-    lengths = [width + 3, *(width - index % 3 for index in range(stack_sizes(most_blocks)[-1] - 2))]
+    most = stack_sizes(most_blocks)[-1]
+    lengths = [width + 3]
+    while len(lengths) < most - 1 or sum(lengths) < most * width:
+        lengths.append(width - (len(lengths) - 1) % 3)
     stream = probe_tokens(backend, sum(lengths))
     starts = [sum(lengths[:index]) for index in range(len(lengths))]
     return [stream[start : start + length] for start, length in zip(starts, lengths, strict=True)]
 
 
-def _batch_check(backend, context, most_blocks: int | None) -> dict:
-    """The report's stacked_* fields (none when no check is asked)."""
+def _batch_check(backend, context, most_blocks: int | None, wide_threads: int | None) -> dict:
+    """The report's stacked_* fields (none when no check is asked), at the current thread count and
+    at `wide_threads` if given: the largest stack proven at both, the first difference at either."""
     if most_blocks is None or most_blocks < 2:
         return {}
     started = time.perf_counter()
-    engine = getattr(backend, "engine", None)
-    proven, difference = _stacked_check(backend, context, most_blocks) if engine else (0, "no fixed-shape engine")
+    counts = (torch.get_num_threads(), *(() if wide_threads is None else (wide_threads,)))
+    proven, difference = most_blocks, ""
+    for count in counts:
+        with torch_threads(count):
+            found, problem = _stacked_check(backend, context, most_blocks)
+        proven = min(proven, found)
+        if problem and not difference:
+            difference = problem if count == counts[0] else f"at {count} threads, {problem}"
     return {
         "stacked_blocks": most_blocks,
         "stacked_equal": not difference,
         "stacked_difference": difference,
         "stacked_proven": proven,
         "stacked_seconds": round(time.perf_counter() - started, 3),
+        "stacked_threads": counts,
     }
 
 
@@ -250,9 +266,12 @@ def _stacked_check(backend, context, most_blocks: int) -> tuple[int, str]:
     """Each probe request's tokens through `extend`, a call of its own per block (the per-request
     path), then again stacked with the others' in calls of 2, 4, ... `most_blocks` blocks, from
     empty caches (a row's position changes only its attention, which is per row); every row's
-    logits and KV compared bit for bit. (the largest stack equal, with every smaller one; the first
-    difference, "" when all are equal). Costs one call per block alone, plus one call of each
-    stacked width (with 8: eight 8-row calls, then calls of 16, 32 and 64 rows)."""
+    logits and KV compared bit for bit. Each stack size is also run packed (`_packed_difference`).
+    (the largest stack equal, with every smaller one; the first difference, "" when all are equal).
+    Costs one call per block alone, plus two calls of each stacked width (with 8: eight 8-row
+    calls, then calls of 16, 32 and 64 rows)."""
+    if getattr(backend, "engine", None) is None:
+        return 0, "no fixed-shape engine"
     parts = stacked_probe(backend, most_blocks)
     alone_states = _empty_states(backend, context, len(parts))
     alone = [backend.extend(state, tokens) for state, tokens in zip(alone_states, parts, strict=True)]
@@ -265,12 +284,40 @@ def _stacked_check(backend, context, most_blocks: int) -> tuple[int, str]:
             if differing or kv:
                 where = f"row {differing[0]} differs from its own call's" if differing else "keys/values differ"
                 return proven, f"a call of {blocks} stacked blocks: request {index}'s {where}"
+        problem = _packed_difference(backend, context, parts, alone, alone_states, blocks)
+        if problem:
+            return proven, problem
         proven = blocks
     return proven, ""
 
 
+def _packed_difference(backend, context, parts, alone, alone_states, blocks: int) -> str:
+    """Probe requests packed row after row into one call of `blocks` blocks with no padding between
+    them (KVBackend.extend_packed: a window's fallback draws with their candidates), so that every
+    row index of the wide call holds a real row; each compared with its own calls. "" when equal."""
+    width = call_width(backend) or 8
+    taken, lengths = 0, []
+    for tokens in parts:
+        lengths.append(min(len(tokens), blocks * width - taken))
+        taken += lengths[-1]
+        if taken == blocks * width:
+            break
+    states = _empty_states(backend, context, len(lengths))
+    packed = backend.extend_packed(states, [p[:n] for p, n in zip(parts, lengths, strict=False)], blocks)
+    for index, (rows, state) in enumerate(zip(packed, states, strict=True)):
+        reference_kv = [t[:, : state.length] for t in _kv_rows(alone_states[index])]
+        differing, kv = _compare(alone[index], reference_kv, rows, state, len(rows))
+        if differing or kv:
+            where = f"row {differing[0]} differs from its own call's" if differing else "keys/values differ"
+            return f"a packed call of {blocks} blocks: request {index}'s {where}"
+    return ""
+
+
 def _empty_states(backend, context, count: int) -> list[DecoderState]:
-    states = [backend._new_state(0, context) for _ in range(count)]
+    """Fresh requests of the fixed-shape engine; an encoder-decoder's share one cross-attention
+    memory, as a window's draws do (its rows may share a call only then), computed once."""
+    first = backend._new_state(0, context)
+    states = [first] + [DecoderState([], 0, first.cache.sibling(), None) for _ in range(count - 1)]
     for state in states:
         if context is not None:
             state.extras["encoded"] = context
@@ -296,8 +343,9 @@ def probe_prompt(backend) -> list[int]:
 
 
 # Bumped when the engine's arithmetic or the report's fields change, so that a verdict cached for
-# other arithmetic is measured again (2: cross-attention with the rows as columns; partial stacks).
-VERDICT_REVISION = 2
+# other arithmetic is measured again (2: cross-attention with the rows as columns; partial stacks;
+# 3: packed stacks, the batch check at the wide thread count too).
+VERDICT_REVISION = 3
 
 
 def machine_identity() -> dict:

@@ -29,6 +29,9 @@ from asyncspec.transcription.segments import Segment
 METHODS = ("as2d", "target", "sd", "specasr")
 POSITIONAL_SAMPLERS = {"as2d", "target"}  # methods that decode a lone fallback draw themselves
 PREFIX_DRAFTED = {"sd", "specasr"}
+# Where the speculative methods' fallback draws may stack their rows into wider calls (the batch
+# check of the self-test runs once per machine up to this many blocks); target-only's never do.
+DRAW_STACK_BLOCKS = 8
 
 
 @dataclass
@@ -124,7 +127,8 @@ class Transcriber:
 
                 prefix_drafter = load_decoder(drafter, dtype, engine="transformers")
                 self.drafters |= {name: prefix_drafter for name in PREFIX_DRAFTED}
-            self.threads, self.solo_threads = decode_threads(self.target, threads, solo_threads)
+            stacked = DRAW_STACK_BLOCKS if set(self.methods) - {"target"} else None
+            self.threads, self.solo_threads = decode_threads(self.target, threads, solo_threads, stacked)
             # as faster-whisper: a multilingual model detects the language unless told it
             self.default_language = None if self.target.multilingual else "en"
         except BaseException:
@@ -271,21 +275,33 @@ class Transcriber:
     def _window_decoder(self, target, method: str, files, stats: TranscriptionStats):
         from asyncspec.decoding.methods import METHODS as DECODERS
         from asyncspec.decoding.result import DecodeConfig
-        from asyncspec.decoding.target_draws import decode_target_draws
 
         budgets = (("as2d", self.as2d_budget),) if self.as2d_budget else ()
 
-        def decode(request, configs: list[DecodeConfig], seek_s: float, end_s: float) -> list:
+        def decode(request, configs: list[DecodeConfig], seek_s: float, end_s: float, earlier) -> list:
             configs = [replace(config, budget=self.budget, method_budgets=budgets) for config in configs]
             alone = files is None or files.drafting_done()
+            threads = self.solo_threads if alone else self.threads
             stats.solo_decodes += len(configs) if alone and self.solo_threads != self.threads else 0
-            with torch_threads(self.solo_threads if alone else self.threads):
+            with torch_threads(threads):
                 if configs[0].temperature > 0 and (len(configs) > 1 or method not in POSITIONAL_SAMPLERS):
-                    return decode_target_draws(target, request, configs)  # every method's positional samples
+                    return self._draws(target, method, request, configs, earlier, threads)
                 drafter = files.window(seek_s, end_s) if files is not None else self.drafters.get(method)
                 return [DECODERS[method](target, drafter, request, config) for config in configs]
 
         return decode
+
+    def _draws(self, target, method: str, request, configs, earlier: list[list[int]], threads: int) -> list:
+        """A fallback temperature's draws, every method's equal to target-only's positional samples:
+        target-only decodes them side by side one token per call; the speculative methods verify
+        candidates from the window's earlier draws, in calls as wide as the batch check proved."""
+        from asyncspec.decoding.speculative_draws import decode_speculative_draws
+        from asyncspec.decoding.target_draws import decode_target_draws
+        from asyncspec.models.selftest import invariance
+
+        if method == "target":
+            return decode_target_draws(target, request, configs)
+        return decode_speculative_draws(target, request, configs, earlier, invariance(self.target).stacking(threads))
 
     def _window_encoder(self, files, first_window=None):
         """The encoder on the decoder's threads while the producer drafts on its own core (measured on
@@ -345,6 +361,10 @@ class _Interruptible:
         self._check()
         return self._target.extend_each(states, tokens)
 
+    def extend_packed(self, states, token_lists, most_blocks=1):
+        self._check()
+        return self._target.extend_packed(states, token_lists, most_blocks)
+
 
 def _same_samples(a: np.ndarray, b: np.ndarray) -> bool:
     """The same window of the same recording (two views of one array)."""
@@ -358,19 +378,22 @@ def beside_threads(threads: int | None) -> int:
     return threads or max(available_cores() - 1, 1)
 
 
-def decode_threads(target, threads: int | None, solo_threads: int | None) -> tuple[int, int]:
+def decode_threads(
+    target, threads: int | None, solo_threads: int | None, stacked_blocks: int | None = None
+) -> tuple[int, int]:
     """(threads beside a producer, threads alone). Alone the decoder takes more threads only if the
     self-test finds every row and KV position bitwise equal at both counts: As²d switches between
-    them mid-recording, and target-only (at the solo count) is the reference it must equal."""
+    them mid-recording, and target-only (at the solo count) is the reference it must equal. With
+    `stacked_blocks`, the self-test's batch check runs too, at both counts (fallback draws)."""
     from asyncspec.models.selftest import invariance
 
     if solo_threads is not None and solo_threads < 1:
         raise InputError(f"threads must be at least 1, got {solo_threads}")
     beside, solo = beside_threads(threads), solo_threads or available_cores()
-    if solo == beside:
+    if solo == beside and stacked_blocks is None:
         return beside, solo
     with torch_threads(beside):
-        report = invariance(target, wide_threads=solo)
+        report = invariance(target, wide_threads=solo if solo != beside else None, stacked_blocks=stacked_blocks)
     return beside, solo if report.may_use(solo) else beside
 
 

@@ -44,9 +44,10 @@ EARLY_END_S = 1.0  # a complete window whose last segment ends this much before 
 MIN_PROGRESS_S = 1.0  # ... if that is this far past its start (no crawl through a noisy stretch)
 DEFAULT_TEMPERATURES = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
 
-# (request, configs, seek_s, end_s) -> the method's result for that window under each config: one
-# greedy config, or a temperature's best-of draws (which the decoder may run side by side)
-WindowDecoder = Callable[[DecodeRequest, list[DecodeConfig], float, float], list[DecodeResult]]
+# (request, configs, seek_s, end_s, earlier) -> the method's result for that window under each config: one
+# greedy config, or a temperature's best-of draws (which the decoder may run side by side); the
+# last argument: the tokens of the window's earlier draws, greedy first (what a draw may retrace)
+WindowDecoder = Callable[[DecodeRequest, list[DecodeConfig], float, float, list[list[int]]], list[DecodeResult]]
 
 
 @dataclass(frozen=True)
@@ -197,7 +198,7 @@ def _decode_with_fallback(
         ]
         sink = AttentionSink(target.backend) if options.word_timestamps else None
         asked = request if sink is None else replace(request, attention=sink)
-        results = decode_window(asked, configs, seek_s, end_s)
+        results = decode_window(asked, configs, seek_s, end_s, [draw.result.tokens for draw in draws])
         if len(results) != len(configs):
             raise RuntimeError(f"the window decoder returned {len(results)} results for {len(configs)} draws")
         tried = [_attempt(target, request, result, temperature) for result in results]

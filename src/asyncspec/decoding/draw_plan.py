@@ -1,0 +1,76 @@
+"""How many candidate rows each fallback draw verifies in the next call, and how wide that call is.
+
+Every unfinished draw feeds its last token (its root row). Rows left over in the call carry
+candidates: the j-th candidate of a draw is worth its chance of being reached and accepted,
+alpha ** j, alpha being that draw's acceptance so far. A wider call costs more, but not in
+proportion (one call's weights pass serves all its rows: whisper-base int8, one thread, AVX-512
+without bf16: 24 ms for 8 rows, 31 for 16, 44 for 32, 73 for 64), so the plan takes the call
+size, among those the self-test proved exact, that commits the most expected tokens per second.
+"""
+
+from __future__ import annotations
+
+import time
+import weakref
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from asyncspec.models.fixed_shape import RowSlot, cut_into_stacks, stack_sizes
+
+_COSTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # engine -> {(threads, blocks): seconds}
+
+
+@dataclass(frozen=True)
+class Plan:
+    candidates: list[int]  # per draw, how many of its proposals to verify
+    blocks: int  # the call's blocks of `width` rows
+    expected_tokens: float
+
+
+def plan_rows(
+    proposals: Sequence[int], acceptance: Sequence[float], width: int, costs: dict[int, float], most_blocks: int
+) -> Plan:
+    """proposals[i]: candidates draw i has; acceptance[i]: its alpha; costs: seconds of one call of
+    n blocks, for n in 1 and the proven stack sizes. Every draw gets its root row."""
+    draws = len(proposals)
+    gains = sorted(
+        ((acceptance[i] ** j, i) for i, count in enumerate(proposals) for j in range(1, count + 1)), reverse=True
+    )
+    best: tuple[float, int, int] | None = None  # (tokens per second, blocks, candidates taken)
+    for blocks in range(-(-draws // width), max(most_blocks, -(-draws // width)) + 1):
+        taken = min(blocks * width - draws, len(gains))
+        if taken < 0 or (blocks > -(-draws // width) and draws + taken <= (blocks - 1) * width):
+            continue  # a block with nothing in it
+        value = draws + sum(gain for gain, _ in gains[:taken])
+        cost = sum(costs[size] for size in cut_into_stacks(blocks, most_blocks))
+        if best is None or value / cost > best[0]:
+            best = (value / cost, blocks, taken)
+    assert best is not None
+    counts = [0] * draws
+    for _, draw in gains[: best[2]]:
+        counts[draw] += 1
+    return Plan(counts, best[1], draws + sum(gain for gain, _ in gains[: best[2]]))
+
+
+@torch.inference_mode()
+def call_costs(engine, cache, position: int, most_blocks: int) -> dict[int, float]:
+    """Seconds of one call of n blocks, for n = 1 and every stack size up to `most_blocks`, at this
+    process's thread count: measured once per engine and thread count (best of two), on rows
+    written into `cache` past `position` (a scratch copy: nothing of it is read afterwards)."""
+    threads = torch.get_num_threads()
+    known = _COSTS.setdefault(engine, {})
+    for blocks in [1, *stack_sizes(most_blocks)]:
+        if (threads, blocks) in known:
+            continue
+        rows = blocks * engine.shape.width
+        slots = [RowSlot(cache, position + min(row, engine.shape.width - 1)) for row in range(rows)]
+        tokens = [engine.pad_id] * rows
+        timings = []
+        for _ in range(2):
+            started = time.perf_counter()
+            engine.run_rows(slots, tokens, blocks)
+            timings.append(time.perf_counter() - started)
+        known[(threads, blocks)] = min(timings)
+    return {blocks: known[(threads, blocks)] for blocks in [1, *stack_sizes(most_blocks)]}
