@@ -11,7 +11,7 @@ import torch
 from asyncspec.audio import load_audio
 from asyncspec.data.librivox import librivox_clips
 from asyncspec.models.base import DecodeRequest
-from asyncspec.models.selftest import _kv_rows
+from asyncspec.models.row_probe import kv_rows
 from conftest import REAL_DTYPE, requires_qwen_05b, synthetic_speech, tiny_causal, tiny_whisper
 
 # The transformers engine's agreement between one many-token call and many one-token calls: exact
@@ -39,7 +39,7 @@ def assert_extend_matches_single_steps(decoder, request, tokens, dtype):
     assert batched_state.tokens == single_state.tokens
     if decoder.engine_name == "fixed-shape":
         assert torch.equal(batched, single)
-        for mine, theirs in zip(_kv_rows(batched_state), _kv_rows(single_state), strict=True):
+        for mine, theirs in zip(kv_rows(batched_state), kv_rows(single_state), strict=True):
             assert torch.equal(mine, theirs)
 
 

@@ -14,7 +14,8 @@ from asyncspec.decoding.methods import METHODS
 from asyncspec.decoding.result import DecodeConfig
 from asyncspec.errors import InputError
 from asyncspec.models.base import DecodeRequest
-from asyncspec.models.selftest import _kv_rows, check_invariance, invariance, partitions, probe_tokens
+from asyncspec.models.row_probe import kv_rows, probe_tokens
+from asyncspec.models.selftest import check_invariance, invariance, partitions
 from conftest import BF16_REAL, INT8_REAL, requires_qwen_05b, synthetic_speech, tiny_causal, tiny_whisper
 
 
@@ -42,7 +43,7 @@ def assert_partitions_bitwise_equal(decoder, request, tokens, trials: int, seed:
         logits = torch.cat(rows)
         differing = [i for i in range(len(tokens)) if not torch.equal(logits[i], reference[i])]
         assert not differing, f"rows {differing[:5]} depend on the call that computed them"
-        for mine, theirs in zip(_kv_rows(state), _kv_rows(reference_state), strict=True):
+        for mine, theirs in zip(kv_rows(state), kv_rows(reference_state), strict=True):
             assert torch.equal(mine, theirs)
 
 
@@ -227,7 +228,7 @@ class ThreadDependentForward(ShapeDependentForward):
 
 
 def test_self_test_compares_a_second_thread_count_and_catches_a_thread_dependent_engine():
-    from asyncspec.transcription.api import decode_threads
+    from asyncspec.transcription.decode_threads import decode_threads
 
     torch.set_num_threads(1)
     good = tiny_whisper(torch.float32, seed=8)

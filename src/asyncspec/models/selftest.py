@@ -22,10 +22,12 @@ import torch
 
 from asyncspec.errors import InputError
 from asyncspec.models.base import DecodeRequest, DecoderState, call_width
+from asyncspec.models.batch_check import batch_check
 from asyncspec.models.cache_entries import write_entry
-from asyncspec.models.fixed_shape import StaticKV, stack_sizes
+from asyncspec.models.fixed_shape import stack_sizes
 from asyncspec.models.int8_linear import Int8Linear, products_exact
 from asyncspec.models.machine import cpu_identity
+from asyncspec.models.row_probe import compare_rows, kv_rows, probe_tokens
 from asyncspec.models.threads import torch_threads
 
 ISA_VARIABLES = ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS", "ATEN_CPU_CAPABILITY")
@@ -99,12 +101,6 @@ def stack_list(most_blocks: int, above: int = 0) -> str:
     return ", ".join(str(n) for n in stack_sizes(most_blocks) if n > above)
 
 
-def probe_tokens(backend, n: int) -> list[int]:
-    """A fixed pseudo-random token sequence inside the vocabulary."""
-    generator = torch.Generator().manual_seed(1234)
-    return torch.randint(0, backend.vocab_size, (n,), generator=generator).tolist()
-
-
 def _fresh_state(backend, prompt: list[int], context) -> DecoderState:
     if not hasattr(backend, "prefill_tokens"):  # any other Decoder: through its public interface
         return backend.prefill(DecodeRequest(tuple(prompt)))
@@ -129,17 +125,6 @@ def _decode_in_blocks(backend, prompt, context, tokens, sizes, detour: int = 0) 
     return torch.cat(rows), state
 
 
-def _kv_rows(state: DecoderState) -> list[torch.Tensor]:
-    """Every layer's keys and values of the positions the state holds."""
-    cache, length = state.cache, state.length
-    if isinstance(cache, StaticKV):
-        return [t[:, :length] for t in (*cache.keys, *cache.values)]
-    if not hasattr(getattr(cache, "self_attention_cache", cache), "layers"):
-        return []  # a decoder without a KV cache: its logits are what is compared
-    layers = getattr(cache, "self_attention_cache", cache).layers
-    return [t[0, :, :length] for layer in layers for t in (layer.keys, layer.values)]
-
-
 def partitions(width: int, n: int) -> list[list[int]]:
     """Call sizes that put every token at several row indices of a call."""
     uneven, total, size = [], 0, 1
@@ -161,12 +146,6 @@ def inexact_int8_shapes(backend) -> list[tuple[int, int]]:
     return [(n, k) for n, k in shapes if not products_exact(k, n)]
 
 
-def _compare(reference, reference_kv, logits, state, n: int) -> tuple[list[int], list[int]]:
-    differing = [i for i in range(n) if not torch.equal(logits[i], reference[i])]
-    kv = [i for i, (a, b) in enumerate(zip(_kv_rows(state), reference_kv, strict=True)) if not torch.equal(a, b)]
-    return differing, kv
-
-
 @torch.inference_mode()
 def _equal_at_threads(backend, threads: int, prompt, context, tokens, reference, reference_kv) -> bool:
     """Every partition's rows and KV, decoded at `threads`, equal to the reference's."""
@@ -174,7 +153,7 @@ def _equal_at_threads(backend, threads: int, prompt, context, tokens, reference,
     with torch_threads(threads):
         for sizes in [[1] * n, *partitions(width, n)]:
             logits, state = _decode_in_blocks(backend, prompt, context, tokens, sizes)
-            if any(_compare(reference, reference_kv, logits, state, n)):
+            if any(compare_rows(reference, reference_kv, logits, state, n)):
                 return False
     return True
 
@@ -192,13 +171,13 @@ def check_invariance(backend, wide_threads: int | None = None, stacked_blocks: i
     context = backend.probe_context() if hasattr(backend, "probe_context") else None
     tokens = probe_tokens(backend, n)
     reference, reference_state = _decode_in_blocks(backend, prompt, context, tokens, [1] * n)
-    reference_kv = _kv_rows(reference_state)
+    reference_kv = kv_rows(reference_state)
     references = (reference, reference_kv)
     wide = wide_threads if wide_threads is not None and wide_threads != torch.get_num_threads() else None
     rows_differing, kv_differing, first = 0, 0, ""
     for index, sizes in enumerate(partitions(width, n)):
         logits, state = _decode_in_blocks(backend, prompt, context, tokens, sizes, detour=width if index else 0)
-        differing, kv = _compare(reference, reference_kv, logits, state, n)
+        differing, kv = compare_rows(reference, reference_kv, logits, state, n)
         rows_differing += len(differing)
         kv_differing += len(kv)
         if (differing or kv) and not first:
@@ -218,110 +197,8 @@ def check_invariance(backend, wide_threads: int | None = None, stacked_blocks: i
         seconds=round(time.perf_counter() - started, 3),
         wide_threads=wide,
         wide_equal=None if wide is None else _equal_at_threads(backend, wide, prompt, context, tokens, *references),
-        **_batch_check(backend, context, stacked_blocks, wide),
+        **batch_check(backend, context, stacked_blocks, wide),
     )
-
-
-def stacked_probe(backend, most_blocks: int) -> list[list[int]]:
-    """Requests' token lists whose blocks fill calls of 2, 4, ... `most_blocks` blocks exactly (the
-    first k - 1 lists make k blocks): the first spans two blocks, so its second block reads its
-    first's keys/values inside one call; the others fill 8, 7 or 6 of their block's rows, so
-    padding rows sit between real ones. More lists follow until their rows fill the widest call
-    packed (`_packed_difference`)."""
-    width = call_width(backend) or 8
-    most = stack_sizes(most_blocks)[-1]
-    lengths = [width + 3]
-    while len(lengths) < most - 1 or sum(lengths) < most * width:
-        lengths.append(width - (len(lengths) - 1) % 3)
-    stream = probe_tokens(backend, sum(lengths))
-    starts = [sum(lengths[:index]) for index in range(len(lengths))]
-    return [stream[start : start + length] for start, length in zip(starts, lengths, strict=True)]
-
-
-def _batch_check(backend, context, most_blocks: int | None, wide_threads: int | None) -> dict:
-    """The report's stacked_* fields (none when no check is asked), at the current thread count and
-    at `wide_threads` if given: the largest stack proven at both, the first difference at either."""
-    if most_blocks is None or most_blocks < 2:
-        return {}
-    started = time.perf_counter()
-    counts = (torch.get_num_threads(), *(() if wide_threads is None else (wide_threads,)))
-    proven, difference = most_blocks, ""
-    for count in counts:
-        with torch_threads(count):
-            found, problem = _stacked_check(backend, context, most_blocks)
-        proven = min(proven, found)
-        if problem and not difference:
-            difference = problem if count == counts[0] else f"at {count} threads, {problem}"
-    return {
-        "stacked_blocks": most_blocks,
-        "stacked_equal": not difference,
-        "stacked_difference": difference,
-        "stacked_proven": proven,
-        "stacked_seconds": round(time.perf_counter() - started, 3),
-        "stacked_threads": counts,
-    }
-
-
-def _stacked_check(backend, context, most_blocks: int) -> tuple[int, str]:
-    """Each probe request's tokens through `extend`, a call of its own per block (the per-request
-    path), then again stacked with the others' in calls of 2, 4, ... `most_blocks` blocks, from
-    empty caches (a row's position changes only its attention, which is per row); every row's
-    logits and KV compared bit for bit. Each stack size is also run packed (`_packed_difference`).
-    (the largest stack equal, with every smaller one; the first difference, "" when all are equal).
-    Costs one call per block alone, plus two calls of each stacked width (with 8: eight 8-row
-    calls, then calls of 16, 32 and 64 rows)."""
-    if getattr(backend, "engine", None) is None:
-        return 0, "no fixed-shape engine"
-    parts = stacked_probe(backend, most_blocks)
-    alone_states = _empty_states(backend, context, len(parts))
-    alone = [backend.extend(state, tokens) for state, tokens in zip(alone_states, parts, strict=True)]
-    proven = 0
-    for blocks in stack_sizes(most_blocks):
-        states = _empty_states(backend, context, blocks - 1)
-        stacked = backend.extend_stacked(states, parts[: blocks - 1], blocks)
-        for index, (rows, state) in enumerate(zip(stacked, states, strict=True)):
-            differing, kv = _compare(alone[index], _kv_rows(alone_states[index]), rows, state, len(rows))
-            if differing or kv:
-                where = f"row {differing[0]} differs from its own call's" if differing else "keys/values differ"
-                return proven, f"a call of {blocks} stacked blocks: request {index}'s {where}"
-        problem = _packed_difference(backend, context, parts, alone, alone_states, blocks)
-        if problem:
-            return proven, problem
-        proven = blocks
-    return proven, ""
-
-
-def _packed_difference(backend, context, parts, alone, alone_states, blocks: int) -> str:
-    """Probe requests packed row after row into one call of `blocks` blocks with no padding between
-    them (KVBackend.extend_packed: a window's fallback draws with their candidates), so that every
-    row index of the wide call holds a real row; each compared with its own calls. "" when equal."""
-    width = call_width(backend) or 8
-    taken, lengths = 0, []
-    for tokens in parts:
-        lengths.append(min(len(tokens), blocks * width - taken))
-        taken += lengths[-1]
-        if taken == blocks * width:
-            break
-    states = _empty_states(backend, context, len(lengths))
-    packed = backend.extend_packed(states, [p[:n] for p, n in zip(parts, lengths, strict=False)], blocks)
-    for index, (rows, state) in enumerate(zip(packed, states, strict=True)):
-        reference_kv = [t[:, : state.length] for t in _kv_rows(alone_states[index])]
-        differing, kv = _compare(alone[index], reference_kv, rows, state, len(rows))
-        if differing or kv:
-            where = f"row {differing[0]} differs from its own call's" if differing else "keys/values differ"
-            return f"a packed call of {blocks} blocks: request {index}'s {where}"
-    return ""
-
-
-def _empty_states(backend, context, count: int) -> list[DecoderState]:
-    """Fresh requests of the fixed-shape engine; an encoder-decoder's share one cross-attention
-    memory, as a window's draws do (its rows may share a call only then), computed once."""
-    first = backend._new_state(0, context)
-    states = [first] + [DecoderState([], 0, first.cache.sibling(), None) for _ in range(count - 1)]
-    for state in states:
-        if context is not None:
-            state.extras["encoded"] = context
-    return states
 
 
 def _describe(sizes, differing, reference, logits) -> str:

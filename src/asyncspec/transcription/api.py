@@ -22,7 +22,8 @@ import numpy as np
 
 from asyncspec.audio import SAMPLE_RATE, load_audio, validate_samples
 from asyncspec.errors import InputError
-from asyncspec.models.threads import available_cores, torch_threads
+from asyncspec.models.threads import torch_threads
+from asyncspec.transcription.decode_threads import beside_threads, decode_threads
 from asyncspec.transcription.longform import LongformOptions, WindowOutcome, transcribe_windows, window_audio
 from asyncspec.transcription.segments import Segment
 
@@ -369,32 +370,6 @@ class _Interruptible:
 def _same_samples(a: np.ndarray, b: np.ndarray) -> bool:
     """The same window of the same recording (two views of one array)."""
     return a.shape == b.shape and a.__array_interface__["data"][0] == b.__array_interface__["data"][0]
-
-
-def beside_threads(threads: int | None) -> int:
-    """The decoder's threads while a producer drafts: `threads`, else every core but the producer's."""
-    if threads is not None and threads < 1:
-        raise InputError(f"threads must be at least 1, got {threads}")
-    return threads or max(available_cores() - 1, 1)
-
-
-def decode_threads(
-    target, threads: int | None, solo_threads: int | None, stacked_blocks: int | None = None
-) -> tuple[int, int]:
-    """(threads beside a producer, threads alone). Alone the decoder takes more threads only if the
-    self-test finds every row and KV position bitwise equal at both counts: As²d switches between
-    them mid-recording, and target-only (at the solo count) is the reference it must equal. With
-    `stacked_blocks`, the self-test's batch check runs too, at both counts (fallback draws)."""
-    from asyncspec.models.selftest import invariance
-
-    if solo_threads is not None and solo_threads < 1:
-        raise InputError(f"threads must be at least 1, got {solo_threads}")
-    beside, solo = beside_threads(threads), solo_threads or available_cores()
-    if solo == beside and stacked_blocks is None:
-        return beside, solo
-    with torch_threads(beside):
-        report = invariance(target, wide_threads=solo if solo != beside else None, stacked_blocks=stacked_blocks)
-    return beside, solo if report.may_use(solo) else beside
 
 
 def _observe(info: TranscriptionInfo, outcome: WindowOutcome) -> None:
