@@ -58,7 +58,7 @@ def plan_rows(
 def call_costs(engine, cache, position: int, most_blocks: int) -> dict[int, float]:
     """Seconds of one call of n blocks, for n = 1 and every stack size up to `most_blocks`, at this
     process's thread count: measured once per engine and thread count (best of two), on rows
-    written into `cache` past `position` (a scratch copy: nothing of it is read afterwards)."""
+    written into `cache` past `position` (a scratch cache: nothing of it is read afterwards)."""
     threads = torch.get_num_threads()
     known = _COSTS.setdefault(engine, {})
     for blocks in [1, *stack_sizes(most_blocks)]:

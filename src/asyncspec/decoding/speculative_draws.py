@@ -20,14 +20,8 @@ import torch
 
 from asyncspec.decoding.draw_lookup import DrawLookup, ReferenceIndex
 from asyncspec.decoding.draw_plan import call_costs, plan_rows
-from asyncspec.decoding.result import (
-    DecodeConfig,
-    DecodeResult,
-    DecodeStats,
-    commit_token,
-    observe_prefill,
-    output_limit,
-)
+from asyncspec.decoding.result import DecodeConfig, DecodeResult, DecodeStats, commit_token, output_limit
+from asyncspec.decoding.target_draws import prefilled_draws, share_out
 from asyncspec.models.base import DecodeRequest, DecoderState
 from asyncspec.sampling import decide, token_logprob
 from asyncspec.trace import Trace
@@ -70,17 +64,15 @@ def decode_speculative_draws(
     """One DecodeResult per config (positional sampling only), each equal to
     `decode_target_only(target, None, request, config)`. references: the window's earlier attempts'
     tokens (the greedy one first); most_blocks: the widest call, in blocks, the batch check proved."""
-    if any(not config.positional_sampling or config.temperature <= 0 for config in configs):
-        raise ValueError("draws side by side are positional samples at a temperature above 0")
     trace = Trace()
-    with trace.stage("prefill"):
-        prefilled = target.prefill(request)
-    states = [prefilled] + [target.copy_state(prefilled) for _ in configs[1:]]
+    states = prefilled_draws(target, request, configs, trace)
+    prefilled = states[0]
     index = ReferenceIndex(references)
     draws = [_Draw(c, s, DrawLookup(index), s.next_logits) for c, s in zip(configs, states, strict=True)]
     limit, prefill_s = output_limit(request, target), trace.now()
     width = target.call_width
-    costs = call_costs(target.engine, target.copy_state(prefilled).cache, prefilled.length, most_blocks)
+    # timed on an empty cache beside the draws' (a copy would clone the prompt's keys and values)
+    costs = call_costs(target.engine, prefilled.cache.sibling(), prefilled.length, most_blocks)
     pending: list[int | None] = [None] * len(draws)
     while True:
         for draw, token in zip(draws, pending, strict=True):
@@ -97,11 +89,7 @@ def decode_speculative_draws(
         verified = zip(live, lists, rows, strict=True)
         found = {id(draw): _verify(target, draw, tokens[1:], logits, limit) for draw, tokens, logits in verified}
         pending = [found.get(id(draw)) for draw in draws]
-    decode_s = trace.now() - prefill_s
-    for draw in draws:
-        observe_prefill(draw.stats, prefilled)
-        draw.stats.prefill_s, draw.stats.decode_s = prefill_s / len(draws), decode_s / len(draws)
-        draw.stats.notes["decoded_beside"] = len(draws)
+    share_out([draw.stats for draw in draws], prefilled, prefill_s, trace.now() - prefill_s)
     return [DecodeResult(METHOD, draw.tokens, draw.stats, trace) for draw in draws]
 
 

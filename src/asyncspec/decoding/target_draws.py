@@ -30,12 +30,9 @@ from asyncspec.trace import Trace
 def decode_target_draws(target, request: DecodeRequest, configs: Sequence[DecodeConfig]) -> list[DecodeResult]:
     """One DecodeResult per config (positional sampling only), in order; each equals
     `decode_target_only(target, None, request, config)`. The calls' time is shared out evenly."""
-    if any(not config.positional_sampling or config.temperature <= 0 for config in configs):
-        raise ValueError("draws side by side are positional samples at a temperature above 0")
     trace = Trace()
-    with trace.stage("prefill"):
-        prefilled = target.prefill(request)
-    states = [prefilled] + [target.copy_state(prefilled) for _ in configs[1:]]
+    states = prefilled_draws(target, request, configs, trace)
+    prefilled = states[0]
     stats = [DecodeStats() for _ in configs]
     tokens: list[list[int]] = [[] for _ in configs]
     logits = {index: state.next_logits for index, state in enumerate(states)}
@@ -56,9 +53,22 @@ def decode_target_draws(target, request: DecodeRequest, configs: Sequence[Decode
             stats[index].target_calls += 1
             stats[index].call_widths.append(1)
         logits = dict(zip(going, rows, strict=True))
-    decode_s = trace.now() - prefill_s
+    share_out(stats, prefilled, prefill_s, trace.now() - prefill_s)
+    return [DecodeResult(METHOD, tokens[i], stats[i], trace) for i in range(len(configs))]
+
+
+def prefilled_draws(target, request: DecodeRequest, configs: Sequence[DecodeConfig], trace: Trace) -> list:
+    """One state per draw: the prompt prefilled once (the first state), then copied."""
+    if any(not config.positional_sampling or config.temperature <= 0 for config in configs):
+        raise ValueError("draws side by side are positional samples at a temperature above 0")
+    with trace.stage("prefill"):
+        prefilled = target.prefill(request)
+    return [prefilled] + [target.copy_state(prefilled) for _ in configs[1:]]
+
+
+def share_out(stats: Sequence[DecodeStats], prefilled, prefill_s: float, decode_s: float) -> None:
+    """Every draw's figures: the shared prefill's, and an even share of the shared calls' time."""
     for draw in stats:
         observe_prefill(draw, prefilled)
-        draw.prefill_s, draw.decode_s = prefill_s / len(configs), decode_s / len(configs)
-        draw.notes["decoded_beside"] = len(configs)
-    return [DecodeResult(METHOD, tokens[i], stats[i], trace) for i in range(len(configs))]
+        draw.prefill_s, draw.decode_s = prefill_s / len(stats), decode_s / len(stats)
+        draw.notes["decoded_beside"] = len(stats)

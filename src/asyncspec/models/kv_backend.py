@@ -193,13 +193,7 @@ class KVBackend:
         request's rows may sit anywhere in a call and share it with any other request's. With
         `most_blocks` > 1, calls of up to that many blocks: only where the invariance self-test's
         batch check proved packed stacks of that many blocks equal (InvarianceReport.stacking)."""
-        if self.engine is None:
-            raise TypeError("extend_packed needs the fixed-shape engine")
-        if len({id(state.cache) for state in states}) != len(states):
-            raise ValueError("extend_packed takes each request once")
-        lists = [[int(t) for t in tokens] for tokens in token_lists]
-        for state, tokens in zip(states, lists, strict=True):
-            self._check_tokens(state, tokens)
+        lists = self._checked_requests("extend_packed", states, token_lists)
         slots = [
             RowSlot(state.cache, state.length + offset)
             for state, tokens in zip(states, lists, strict=True)
@@ -222,13 +216,7 @@ class KVBackend:
         of up to `most_blocks` blocks (FixedShapeEngine.run_stacked). Bitwise what `extend` returns
         only where the invariance self-test's batch check passed for this target at that many
         blocks (selftest.InvarianceReport.stacking): the caller asks it first."""
-        if self.engine is None:
-            raise TypeError("extend_stacked needs the fixed-shape engine")
-        if len({id(state.cache) for state in states}) != len(states):
-            raise ValueError("extend_stacked takes each request once")
-        lists = [[int(t) for t in tokens] for tokens in token_lists]
-        for state, tokens in zip(states, lists, strict=True):
-            self._check_tokens(state, tokens)
+        lists = self._checked_requests("extend_stacked", states, token_lists)
         parts = [(state.cache, state.length, tokens) for state, tokens in zip(states, lists, strict=True)]
         out = []
         for state, tokens, raw in zip(states, lists, self.engine.run_stacked(parts, most_blocks), strict=True):
@@ -236,6 +224,20 @@ class KVBackend:
             self._settle(state, tokens, logits)
             out.append(logits)
         return out
+
+    def _checked_requests(
+        self, what: str, states: Sequence[DecoderState], token_lists: Sequence[Sequence[int]]
+    ) -> list[list[int]]:
+        """The token lists as ints, once each request is known distinct and its tokens fit it; the
+        calls that put several requests side by side need the fixed-shape engine."""
+        if self.engine is None:
+            raise TypeError(f"{what} needs the fixed-shape engine")
+        if len({id(state.cache) for state in states}) != len(states):
+            raise ValueError(f"{what} takes each request once")
+        lists = [[int(t) for t in tokens] for tokens in token_lists]
+        for state, tokens in zip(states, lists, strict=True):
+            self._check_tokens(state, tokens)
+        return lists
 
     def rollback(self, state: DecoderState, length: int) -> None:
         if not 0 < length <= state.length:
