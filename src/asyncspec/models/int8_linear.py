@@ -17,8 +17,9 @@ whole call's absmax, so a row's output would depend on the other rows of the cal
 
 `torch._int_mm` takes the weight as [K, N]; at some shapes the transposed view of an [N, K] tensor
 is faster (Whisper's 51,865-row output projection: 4.2 ms against 7.3 ms on a 2-core AMD EPYC),
-at others the contiguous [K, N]. The integers are the same either way, so each linear keeps the
-layout measured faster at load.
+at others the contiguous [K, N]; a third layout is oneDNN's own, packed once at load
+(models/int8_packed.py). The integers are the same in each, so each linear keeps the layout
+measured fastest at load.
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ import time
 
 import torch
 
+from asyncspec.models import int8_packed
+
 QMAX = 127  # symmetric: -128 is never produced, so no product needs its asymmetric range
 # Without VNNI (AVX2), oneDNN adds u8 x s8 products in saturating int16 pairs, the signed input
 # shifted by 128: 2 * 255 * 127 overflows, 2 * 255 * 63 = 32,130 does not. So on such a CPU the
@@ -34,7 +37,9 @@ QMAX = 127  # symmetric: -128 is never produced, so no product needs its asymmet
 REDUCED_WEIGHT_QMAX = 63
 TINY = 1e-30  # an all-zero row has scale TINY and quantizes to zeros
 TIMING_ROWS = 8  # the decoding width: the call every linear runs most
-_LAYOUTS: dict[tuple[int, int], str] = {}  # (N, K) -> "kn" or "nk", measured once per process
+_LAYOUTS: dict[tuple[int, int], str] = {}  # (N, K) -> "kn", "nk" or "packed", measured once per process
+INT_MM_LAYOUTS = ("kn", "nk")
+PACKED_PROBE_COLUMNS = 256  # the packed kernel's exactness probe: its blocking over N repeats
 
 
 def quantize_rows(x: torch.Tensor, qmax: int = QMAX) -> tuple[torch.Tensor, torch.Tensor]:
@@ -52,8 +57,8 @@ def weight_range() -> int:
     REDUCED_WEIGHT_QMAX where full-range products saturate (then 127 again if neither is exact,
     and the self-test fails the target)."""
     if not _WEIGHT_RANGE:
-        exact = products_exact(512, 64, weight_max=QMAX)
-        reduced = not exact and products_exact(512, 64, weight_max=REDUCED_WEIGHT_QMAX)
+        exact = products_exact(512, 64, weight_max=QMAX, kernels=INT_MM_LAYOUTS)
+        reduced = not exact and products_exact(512, 64, weight_max=REDUCED_WEIGHT_QMAX, kernels=INT_MM_LAYOUTS)
         _WEIGHT_RANGE.append(REDUCED_WEIGHT_QMAX if reduced else QMAX)
     return _WEIGHT_RANGE[0]
 
@@ -72,15 +77,21 @@ class Int8Linear(torch.nn.Module):
         self.register_buffer("weight_scale", scale.reshape(1, -1))  # [1, N]
         self.register_buffer("bias", None if bias is None else bias.detach().float().reshape(1, -1))
         self.layout = layout or measured_layout(quantized)
-        # "kn": a contiguous [K, N] tensor; "nk": the [N, K] tensor, passed as its transposed view
+        # "kn": a contiguous [K, N] tensor; "nk" and "packed": the [N, K] tensor (passed to
+        # torch._int_mm as its transposed view; packed, kept for copies and checks)
         self.register_buffer("weight_q", quantized.t().contiguous() if self.layout == "kn" else quantized)
+        packed = self.layout == "packed"
+        self.packed = int8_packed.PackedProducts(quantized, TIMING_ROWS, weight_range()) if packed else None
 
     @classmethod
     def from_linear(cls, linear: torch.nn.Linear) -> Int8Linear:
         return cls(linear.weight, linear.bias)
 
     def integer_products(self, x_q: torch.Tensor) -> torch.Tensor:
-        """int8 [M, K] -> int32 [M, N]."""
+        """int8 [M, K] -> the exact sums [M, N]: int32, or from the packed kernel fp32 (the same
+        integers, each converted once, as `.float()` converts the int32)."""
+        if self.packed is not None:
+            return self.packed(x_q)
         weight = self.weight_q if self.layout == "kn" else self.weight_q.t()
         return torch._int_mm(x_q, weight)
 
@@ -99,21 +110,38 @@ class Int8Linear(torch.nn.Module):
 
 
 def measured_layout(quantized: torch.Tensor) -> str:
-    """The faster weight layout for torch._int_mm at the decoding width, for this [N, K] shape."""
-    key = (quantized.shape[0], quantized.shape[1])
-    if key not in _LAYOUTS:
-        probe = torch.ones(TIMING_ROWS, quantized.shape[1], dtype=torch.int8)
-        candidates = {"kn": quantized.t().contiguous(), "nk": quantized}
+    """The fastest weight layout at the decoding width, for this [N, K] shape: torch._int_mm on
+    [K, N] or on [N, K] transposed, or oneDNN's packed kernel where it is exact here."""
+    n, k = quantized.shape
+    if (n, k) not in _LAYOUTS:
+        probe = torch.ones(TIMING_ROWS, k, dtype=torch.int8)
+        kn = quantized.t().contiguous()
+        candidates = {"kn": lambda: torch._int_mm(probe, kn), "nk": lambda: torch._int_mm(probe, quantized.t())}
+        if packed_exact(k):
+            packed = int8_packed.PackedProducts(quantized, TIMING_ROWS, weight_range())
+            candidates["packed"] = lambda: packed(probe)
         timings = {}
-        for name, weight in candidates.items():
-            operand = weight if name == "kn" else weight.t()
-            torch._int_mm(probe, operand)  # warm-up: the kernel is chosen on the first call
+        for name, run in candidates.items():
+            run()  # warm-up: the kernel is chosen on the first call
             start = time.perf_counter()
             for _ in range(3):
-                torch._int_mm(probe, operand)
+                run()
             timings[name] = time.perf_counter() - start
-        _LAYOUTS[key] = min(timings, key=timings.__getitem__)
-    return _LAYOUTS[key]
+        _LAYOUTS[(n, k)] = min(timings, key=timings.__getitem__)
+    return _LAYOUTS[(n, k)]
+
+
+_PACKED_EXACT: dict[tuple[int, int], bool] = {}  # (K, weight range) -> exact at that depth here
+
+
+def packed_exact(k: int) -> bool:
+    """Is oneDNN's packed kernel here, and exact at depth `k` on this CPU (in its chunks,
+    int8_packed.py) with the weight range in use?"""
+    key = (k, weight_range())
+    if key not in _PACKED_EXACT:
+        exact = int8_packed.available() and products_exact(k, PACKED_PROBE_COLUMNS, kernels=("packed",))
+        _PACKED_EXACT[key] = exact
+    return _PACKED_EXACT[key]
 
 
 def quantize_linears(module: torch.nn.Module) -> int:
@@ -129,12 +157,21 @@ def quantize_linears(module: torch.nn.Module) -> int:
 
 
 def products_exact(
-    k: int, n: int, rows: int = TIMING_ROWS, seed: int = 0, matmul=None, weight_max: int | None = None
+    k: int,
+    n: int,
+    rows: int = TIMING_ROWS,
+    seed: int = 0,
+    matmul=None,
+    weight_max: int | None = None,
+    kernels: tuple[str, ...] | None = None,
 ) -> bool:
     """Does torch._int_mm (or `matmul`) compute exact int32 sums here, at the extremes (inputs
     +-127, weights +-weight_max, by default the range in use: where a kernel that pairs products
-    into int16 would saturate)? Checked against float64, exact below 2^53, in both weight layouts."""
+    into int16 would saturate)? Checked against float64, exact below 2^53, in both weight layouts,
+    and in the packed kernel wherever a linear may use it (its fp32 sums against the exact sums
+    rounded once to fp32). `kernels` restricts the check to some of "kn", "nk" and "packed"."""
     matmul = matmul or torch._int_mm
+    kernels = kernels or ("kn", "nk", *(("packed",) if packed_exact(k) else ()))
     w_max = weight_max if weight_max is not None else weight_range()
     generator = torch.Generator().manual_seed(seed)
     x = torch.randint(-QMAX, QMAX + 1, (rows, k), generator=generator, dtype=torch.int8)
@@ -144,5 +181,14 @@ def products_exact(
     w[0] = w_max
     w[1] = -w_max
     reference = x.double() @ w.double().t()
-    results = [matmul(x, w.t().contiguous()), matmul(x, w.t())]
-    return all(torch.equal(result.double(), reference) for result in results)
+    runs = {
+        "kn": lambda: matmul(x, w.t().contiguous()),
+        "nk": lambda: matmul(x, w.t()),
+        "packed": lambda: int8_packed.PackedProducts(w, rows, w_max)(x),
+    }
+    return all(torch.equal(runs[kernel]().double(), _as_output(reference, kernel)) for kernel in kernels)
+
+
+def _as_output(exact: torch.Tensor, kernel: str) -> torch.Tensor:
+    """The exact float64 sums as `kernel` returns them: int32 (exact), or packed fp32 (rounded once)."""
+    return exact.float().double() if kernel == "packed" else exact
