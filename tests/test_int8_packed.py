@@ -100,7 +100,7 @@ def test_a_saturating_packed_kernel_is_caught_and_never_offered(monkeypatch):
     monkeypatch.setattr(int8_packed.PackedProducts, "_chunk", saturating_pairs)
     assert not products_exact(256, 96, kernels=("packed",))
     assert not packed_exact(256)
-    assert measured_layout(torch.ones(96, 256, dtype=torch.int8)) in ("kn", "nk")
+    assert measured_layout(torch.ones(96, 256, dtype=torch.int8))[0] in ("kn", "nk")
     monkeypatch.setattr(int8_linear, "_PACKED_EXACT", {(256, 127): True})
     assert not products_exact(256, 96)  # while offered, the default check covers the packed kernel
 
@@ -109,7 +109,7 @@ def test_a_saturating_packed_kernel_is_caught_and_never_offered(monkeypatch):
 def every_linear_packed(monkeypatch):
     """Int8 targets built with the packed layout everywhere (timing picks it only where it wins)."""
     assert packed_exact(64)
-    monkeypatch.setattr(int8_linear, "measured_layout", lambda quantized: "packed")
+    monkeypatch.setattr(int8_linear, "measured_layout", lambda quantized: ("packed", None))
 
 
 def test_packed_int8_targets_pass_the_self_test_and_speculate_exactly(every_linear_packed):

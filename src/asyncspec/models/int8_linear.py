@@ -76,12 +76,13 @@ class Int8Linear(torch.nn.Module):
         self.out_features, self.in_features = weight.shape
         self.register_buffer("weight_scale", scale.reshape(1, -1))  # [1, N]
         self.register_buffer("bias", None if bias is None else bias.detach().float().reshape(1, -1))
-        self.layout = layout or measured_layout(quantized)
+        self.layout, timed = (layout, None) if layout else measured_layout(quantized)
         # "kn": a contiguous [K, N] tensor; "nk" and "packed": the [N, K] tensor (passed to
-        # torch._int_mm as its transposed view; packed, kept for copies and checks)
+        # torch._int_mm as its transposed view; packed, kept for copies)
         self.register_buffer("weight_q", quantized.t().contiguous() if self.layout == "kn" else quantized)
-        packed = self.layout == "packed"
-        self.packed = int8_packed.PackedProducts(quantized, TIMING_ROWS, weight_range()) if packed else None
+        self.packed = None
+        if self.layout == "packed":  # the packing timed on this very weight, else a new one
+            self.packed = timed or int8_packed.PackedProducts(quantized, TIMING_ROWS, weight_range())
 
     @classmethod
     def from_linear(cls, linear: torch.nn.Linear) -> Int8Linear:
@@ -109,10 +110,13 @@ class Int8Linear(torch.nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, int8, layout={self.layout}"
 
 
-def measured_layout(quantized: torch.Tensor) -> str:
+def measured_layout(quantized: torch.Tensor) -> tuple[str, int8_packed.PackedProducts | None]:
     """The fastest weight layout at the decoding width, for this [N, K] shape: torch._int_mm on
-    [K, N] or on [N, K] transposed, or oneDNN's packed kernel where it is exact here."""
+    [K, N] or on [N, K] transposed, or oneDNN's packed kernel where it is exact here. With it,
+    when this call timed the packed kernel on `quantized` and it won, that packing, to keep
+    (packing a 151,936 x 1,536 weight takes over a second)."""
     n, k = quantized.shape
+    packed = None
     if (n, k) not in _LAYOUTS:
         probe = torch.ones(TIMING_ROWS, k, dtype=torch.int8)
         kn = quantized.t().contiguous()
@@ -128,7 +132,8 @@ def measured_layout(quantized: torch.Tensor) -> str:
                 run()
             timings[name] = time.perf_counter() - start
         _LAYOUTS[(n, k)] = min(timings, key=timings.__getitem__)
-    return _LAYOUTS[(n, k)]
+    layout = _LAYOUTS[(n, k)]
+    return layout, packed if layout == "packed" else None
 
 
 _PACKED_EXACT: dict[tuple[int, int], bool] = {}  # (K, weight range) -> exact at that depth here
