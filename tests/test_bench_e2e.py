@@ -10,7 +10,7 @@ import pytest
 
 from asyncspec.benchmarks import e2e
 from asyncspec.benchmarks.e2e import parse_systems
-from asyncspec.benchmarks.e2e_files import librivox_files
+from asyncspec.benchmarks.e2e_files import directory_files, librivox_files
 from asyncspec.benchmarks.e2e_systems import faster_whisper_installed, vocabulary
 from asyncspec.benchmarks.e2e_whispercpp import available as whispercpp_installed
 from asyncspec.cli import EXIT_BAD_INPUT, main
@@ -37,7 +37,9 @@ def test_bench_e2e_times_every_system_and_checks_as2d(one_clip, tmp_path, capsys
     systems += ["whisper-cpp"] if whispercpp_installed() else []
     out = tmp_path / "out"
     argv = ["bench", "e2e", "--audio", str(one_clip), "--out", str(out), "--systems", ",".join(systems)]
+    before = sorted(p.name for p in one_clip.iterdir())
     assert main([*argv, "--threads", "1"]) == 0  # cold runs included: each system in a fresh process
+    assert sorted(p.name for p in one_clip.iterdir()) == before  # its warm-up excerpt went elsewhere
     report = json.loads((out / "bench_e2e.json").read_text())
     assert list(report["systems"]) == systems
     for name, row in report["systems"].items():
@@ -74,6 +76,13 @@ def test_bench_e2e_refuses_bad_input_before_loading_models(tmp_path):
     assert main(["bench", "e2e", "--systems", "target,whisper.cpp", "--out", str(tmp_path)]) == EXIT_BAD_INPUT
     (tmp_path / "noise.wav").write_bytes(b"not audio at all")
     assert main(["bench", "e2e", "--audio", str(tmp_path), "--out", str(tmp_path)]) == EXIT_BAD_INPUT
+
+
+def test_hidden_files_in_the_audio_folder_are_not_recordings(one_clip):
+    (one_clip / "._clip.wav").write_bytes(b"\x00\x05\x16\x07 macOS metadata, not audio")
+    (one_clip / ".cache").mkdir()
+    shutil.copy(one_clip / "clip.wav", one_clip / ".cache" / "copy.wav")
+    assert [f.path.name for f in directory_files(one_clip)] == ["clip.wav"]
 
 
 def test_as2d_brings_its_reference():

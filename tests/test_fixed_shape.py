@@ -16,6 +16,7 @@ from asyncspec.errors import InputError
 from asyncspec.models.base import DecodeRequest
 from asyncspec.models.row_probe import kv_rows, probe_tokens
 from asyncspec.models.selftest import check_invariance, invariance, partitions
+from asyncspec.models.threads import torch_threads
 from conftest import BF16_REAL, INT8_REAL, requires_qwen_05b, synthetic_speech, tiny_causal, tiny_whisper
 
 
@@ -58,8 +59,8 @@ class ShapeDependentForward:
     def new_cache(self, slots, context):
         return self.inner.new_cache(slots, context)
 
-    def __call__(self, slots, ids):
-        return self.inner(slots, ids) + 1e-2 * len(slots)
+    def __call__(self, slots, ids, prompt=False):
+        return self.inner(slots, ids, prompt) + 1e-2 * len(slots)
 
 
 def shape_dependent(decoder, forward=ShapeDependentForward):
@@ -73,8 +74,8 @@ class OneUlpForward(ShapeDependentForward):
     one element of the last real row moves by one unit in the last place (as a kernel whose
     reduction order follows the call's width would round one sum differently)."""
 
-    def __call__(self, slots, ids):
-        hidden = self.inner(slots, ids)
+    def __call__(self, slots, ids, prompt=False):
+        hidden = self.inner(slots, ids, prompt)
         if len(slots) > 1:
             row = len(slots) - 1
             hidden[row, 0] = torch.nextafter(hidden[row, 0], torch.tensor(float("inf"), dtype=hidden.dtype))
@@ -223,8 +224,8 @@ class ThreadDependentForward(ShapeDependentForward):
     """A deliberately broken engine whose hidden states follow the thread count (as a kernel that
     splits a reduction across threads would): every call shape agrees at one count, not across two."""
 
-    def __call__(self, slots, ids):
-        return self.inner(slots, ids) + 1e-3 * torch.get_num_threads()
+    def __call__(self, slots, ids, prompt=False):
+        return self.inner(slots, ids, prompt) + 1e-3 * torch.get_num_threads()
 
 
 def test_self_test_compares_a_second_thread_count_and_catches_a_thread_dependent_engine():
@@ -277,3 +278,27 @@ def test_a_verdict_cached_for_another_engine_revision_is_measured_again(tmp_path
     assert invariance(tiny_causal(torch.float32, seed=12)).cached  # a fresh backend reads the entry
     monkeypatch.setattr(selftest, "VERDICT_REVISION", selftest.VERDICT_REVISION + 1)
     assert not invariance(tiny_causal(torch.float32, seed=12)).cached  # the engine's arithmetic changed
+
+
+@pytest.mark.parametrize(("one", "two", "alone"), [(0.026, 0.045, 1), (0.026, 0.017, 2), (0.026, 0.0255, 1)])
+def test_alone_the_decoder_takes_more_threads_only_where_its_call_is_measured_faster(monkeypatch, one, two, alone):
+    from asyncspec.transcription import decode_threads as threads_module
+
+    good = tiny_whisper(torch.float32, seed=8)
+    before = torch.get_num_threads()
+    with torch_threads(1):
+        good.invariance = check_invariance(good, wide_threads=2)
+    assert good.invariance.may_use(2) and torch.get_num_threads() == before
+    monkeypatch.setattr(threads_module, "available_cores", lambda: 2)
+    monkeypatch.setattr(threads_module, "call_seconds", lambda target, threads: {1: one, 2: two}[threads])
+    assert threads_module.decode_threads(good, threads=None, solo_threads=None) == (1, alone)
+    assert threads_module.decode_threads(good, threads=None, solo_threads=2) == (1, 2)  # asked for: not timed
+
+
+def test_a_decoding_call_is_timed_at_each_thread_count():
+    from asyncspec.transcription.decode_threads import call_seconds
+
+    decoder = tiny_whisper(torch.float32, seed=8)
+    before = torch.get_num_threads()
+    assert 0 < call_seconds(decoder, 1) < 5 and 0 < call_seconds(decoder, 2) < 5
+    assert torch.get_num_threads() == before

@@ -86,8 +86,8 @@ class RowMixingForward:
     def new_cache(self, slots, context):
         return self.inner.new_cache(slots, context)
 
-    def __call__(self, slots, ids):
-        return self.inner(slots, ids) + 1e-2 * ids[: len(slots)].float().mean() / 1000
+    def __call__(self, slots, ids, prompt=False):
+        return self.inner(slots, ids, prompt) + 1e-2 * ids[: len(slots)].float().mean() / 1000
 
 
 def test_the_comparison_fails_on_an_engine_whose_rows_see_each_other():

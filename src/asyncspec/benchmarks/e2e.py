@@ -10,6 +10,7 @@ import argparse
 import json
 import os
 import sys
+import tempfile
 from contextlib import ExitStack
 from pathlib import Path
 
@@ -190,10 +191,11 @@ def measure(systems: dict, files: list[BenchFile], interleaved: bool = True) -> 
     a shared machine's drifting load falls on all systems alike. Streams: each system transcribes
     all files as one stream, one system after another; a file's seconds run from the previous
     file's text to its own, so a path that overlaps files would get the credit (a quiet machine)."""
-    warmup = _warmup_excerpt(files[0].path)
-    for name, system in systems.items():
-        system.warmup_s, _ = system.timed(warmup)
-        print(f"{name}: loaded in {system.load_s:.2f} s, warm-up {system.warmup_s:.2f} s", flush=True)
+    with tempfile.TemporaryDirectory(prefix="asyncspec-warmup-") as scratch:  # never beside the user's files
+        warmup = _warmup_excerpt(files[0].path, Path(scratch))
+        for name, system in systems.items():
+            system.warmup_s, _ = system.timed(warmup)
+            print(f"{name}: loaded in {system.load_s:.2f} s, warm-up {system.warmup_s:.2f} s", flush=True)
     if not interleaved:
         return {name: _timed_stream(name, system, files) for name, system in systems.items()}
     results: dict[str, list] = {name: [] for name in systems}
@@ -206,13 +208,13 @@ def measure(systems: dict, files: list[BenchFile], interleaved: bool = True) -> 
     return {name: results[name] for name in systems}
 
 
-def _warmup_excerpt(path: Path, seconds: float = 10.0) -> Path:
-    """The first seconds of the first file, for every system's untimed first call."""
+def _warmup_excerpt(path: Path, folder: Path, seconds: float = 10.0) -> Path:
+    """The first seconds of the first file, written into `folder`, for every system's untimed first call."""
     import soundfile
 
     from asyncspec.audio import load_audio
 
-    excerpt = path.parent / f".warmup-{path.stem}.wav"
+    excerpt = folder / f"warmup-{path.stem}.wav"
     soundfile.write(str(excerpt), load_audio(path)[: int(seconds * SAMPLE_RATE)], SAMPLE_RATE, subtype="PCM_16")
     return excerpt
 

@@ -37,13 +37,15 @@ def longform_files(folder: Path) -> list[BenchFile]:
 
 
 def directory_files(directory: Path) -> list[BenchFile]:
-    """Every audio file under `directory`, each read and validated before any model loads (a bad
-    file is an input error, never a crash halfway through the run)."""
+    """Every audio file under `directory` but hidden ones (an editor's or macOS's `._name.wav` is no
+    recording), each read and validated before any model loads (a bad file is an input error,
+    never a crash halfway through the run)."""
     from asyncspec.audio import load_audio
 
     if not directory.is_dir():
         raise InputError(f"{directory}: no such directory")
-    paths = sorted(p for p in directory.rglob("*") if p.suffix.lower() in AUDIO_SUFFIXES)
+    found = (p for p in directory.rglob("*") if p.suffix.lower() in AUDIO_SUFFIXES)
+    paths = sorted(p for p in found if not any(part.startswith(".") for part in p.relative_to(directory).parts))
     if not paths:
         raise InputError(f"{directory}: no audio files ({', '.join(sorted(AUDIO_SUFFIXES))})")
     return [BenchFile(p, len(load_audio(p)) / SAMPLE_RATE, _transcript_beside(p)) for p in paths]

@@ -9,7 +9,15 @@ from collections.abc import Sequence
 import torch
 from transformers.models.qwen2.modeling_qwen2 import apply_rotary_pos_emb
 
-from asyncspec.models.fixed_shape import RowSlot, StaticKV, attend_causal, row_positions, write_rows
+from asyncspec.models.fixed_shape import (
+    RowSlot,
+    StaticKV,
+    attend_causal,
+    attend_prompt,
+    row_positions,
+    write_rows,
+)
+from asyncspec.models.int8_linear import shared_input
 
 SUPPORTED_TYPES = frozenset({"qwen2", "qwen3", "llama"})
 
@@ -40,27 +48,32 @@ class CausalBlockForward:
         return self._rotary
 
     @torch.inference_mode()
-    def __call__(self, slots: Sequence[RowSlot], ids: torch.Tensor) -> torch.Tensor:
+    def __call__(self, slots: Sequence[RowSlot], ids: torch.Tensor, prompt: bool = False) -> torch.Tensor:
         x = self.model.embed_tokens(ids)
         cos, sin = self._rotary_table(max(slot.cache.slots for slot in slots), x)
         positions = row_positions(slots, ids.shape[0])
         rotary = (cos[positions].unsqueeze(0), sin[positions].unsqueeze(0))
         for index, layer in enumerate(self.model.layers):
-            x = x + self._attention(layer.self_attn, layer.input_layernorm(x), slots, index, rotary)
+            x = x + self._attention(layer.self_attn, layer.input_layernorm(x), slots, index, rotary, prompt)
             x = x + layer.mlp(layer.post_attention_layernorm(x))
         return self.model.norm(x)
 
-    def _attention(self, attention, h, slots: Sequence[RowSlot], index: int, rotary) -> torch.Tensor:
+    def _attention(self, attention, h, slots: Sequence[RowSlot], index: int, rotary, prompt: bool) -> torch.Tensor:
         width = h.shape[0]
-        queries = attention.q_proj(h).view(1, width, self.heads, self.head_dim).transpose(1, 2)
-        keys = attention.k_proj(h).view(1, width, self.kv_heads, self.head_dim).transpose(1, 2)
+        q, k, v = shared_input([attention.q_proj, attention.k_proj, attention.v_proj], h)
+        queries = q.view(1, width, self.heads, self.head_dim).transpose(1, 2)
+        keys = k.view(1, width, self.kv_heads, self.head_dim).transpose(1, 2)
         if hasattr(attention, "q_norm"):  # Qwen3: RMSNorm over each head's dimensions (row-wise)
             queries, keys = attention.q_norm(queries), attention.k_norm(keys)
-        values = attention.v_proj(h).view(width, self.kv_heads, self.head_dim).transpose(0, 1)
+        values = v.view(width, self.kv_heads, self.head_dim).transpose(0, 1)
         queries, keys = apply_rotary_pos_emb(queries, keys, *rotary)
         cached_keys = [slot.cache.keys[index] for slot in slots]
         cached_values = [slot.cache.values[index] for slot in slots]
         write_rows(cached_keys, slots, keys[0])
         write_rows(cached_values, slots, values)
-        out = attend_causal(queries[0], cached_keys, cached_values, slots, self.scale)
+        if prompt:
+            start = slots[0].position
+            out = attend_prompt(queries[0], cached_keys[0], cached_values[0], start, len(slots), self.scale)
+        else:
+            out = attend_causal(queries[0], cached_keys, cached_values, slots, self.scale)
         return attention.o_proj(out.to(h.dtype))

@@ -17,9 +17,11 @@ from asyncspec.models.fixed_shape import (
     StaticKV,
     attend_all,
     attend_causal,
+    attend_prompt,
     row_positions,
     write_rows,
 )
+from asyncspec.models.int8_linear import shared_input
 
 
 class WhisperBlockForward:
@@ -38,13 +40,13 @@ class WhisperBlockForward:
         if context is None:
             raise ValueError("a Whisper decoder cache needs the encoder output")
         cache = StaticKV.empty(len(self.decoder.layers), self.heads, slots, self.head_dim)
-        encoded = context[0].to(self.dtype)
-        for layer in self.decoder.layers:
-            attention = layer.encoder_attn
-            keys = self._heads(attention.k_proj(encoded)).to(ATTENTION_DTYPE)
-            # transposed once here: attend_all multiplies with the call's rows as columns
-            values = self._heads(attention.v_proj(encoded)).to(ATTENTION_DTYPE).transpose(1, 2).contiguous()
-            cache.cross.append((keys, values))
+        attentions = [layer.encoder_attn for layer in self.decoder.layers]
+        projections = [linear for attention in attentions for linear in (attention.k_proj, attention.v_proj)]
+        projected = shared_input(projections, context[0].to(self.dtype))
+        for keys, values in zip(projected[::2], projected[1::2], strict=True):
+            # values transposed once here: attend_all multiplies with the call's rows as columns
+            values_t = self._heads(values).to(ATTENTION_DTYPE).transpose(1, 2).contiguous()
+            cache.cross.append((self._heads(keys).to(ATTENTION_DTYPE), values_t))
         return cache
 
     def _heads(self, x: torch.Tensor) -> torch.Tensor:
@@ -52,7 +54,7 @@ class WhisperBlockForward:
         return x.view(x.shape[0], self.heads, self.head_dim).transpose(0, 1)
 
     @torch.inference_mode()
-    def __call__(self, slots: Sequence[RowSlot], ids: torch.Tensor) -> torch.Tensor:
+    def __call__(self, slots: Sequence[RowSlot], ids: torch.Tensor, prompt: bool = False) -> torch.Tensor:
         cross = slots[0].cache.cross
         if any(slot.cache.cross is not cross for slot in slots):
             raise ValueError("the rows of one call must share one encoder output")
@@ -60,19 +62,23 @@ class WhisperBlockForward:
         x = self.decoder.embed_tokens(ids) * self.decoder.embed_scale
         x = x + self.decoder.embed_positions.weight[positions].to(x.dtype)
         for index, layer in enumerate(self.decoder.layers):
-            x = x + self._self_attention(layer, layer.self_attn_layer_norm(x), slots, index)
+            x = x + self._self_attention(layer, layer.self_attn_layer_norm(x), slots, index, prompt)
             x = x + self._cross_attention(layer, layer.encoder_attn_layer_norm(x), cross[index], slots, index)
             x = x + layer.fc2(layer.activation_fn(layer.fc1(layer.final_layer_norm(x))))
         return self.decoder.layer_norm(x)
 
-    def _self_attention(self, layer, h, slots: Sequence[RowSlot], index: int) -> torch.Tensor:
+    def _self_attention(self, layer, h, slots: Sequence[RowSlot], index: int, prompt: bool) -> torch.Tensor:
         attention = layer.self_attn
-        queries = self._heads(attention.q_proj(h) * attention.scaling)
+        q, k, v = shared_input([attention.q_proj, attention.k_proj, attention.v_proj], h)
+        queries = self._heads(q * attention.scaling)
         keys = [slot.cache.keys[index] for slot in slots]
         values = [slot.cache.values[index] for slot in slots]
-        write_rows(keys, slots, self._heads(attention.k_proj(h)))
-        write_rows(values, slots, self._heads(attention.v_proj(h)))
-        out = attend_causal(queries, keys, values, slots, scale=1.0)
+        write_rows(keys, slots, self._heads(k))
+        write_rows(values, slots, self._heads(v))
+        if prompt:
+            out = attend_prompt(queries, keys[0], values[0], slots[0].position, len(slots), scale=1.0)
+        else:
+            out = attend_causal(queries, keys, values, slots, scale=1.0)
         return attention.out_proj(out.to(h.dtype))
 
     def _cross_attention(

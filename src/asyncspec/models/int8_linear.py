@@ -98,16 +98,30 @@ class Int8Linear(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         leading = x.shape[:-1]
-        x_q, scale = quantize_rows(x.reshape(-1, self.in_features))
+        return self.from_quantized(*quantize_rows(x.reshape(-1, self.in_features))).reshape(*leading, self.out_features)
+
+    def from_quantized(self, x_q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+        """The output [M, N] of rows already quantized by `quantize_rows` (int8 [M, K], scale [M, 1])."""
         y = self.integer_products(x_q).float()
         y = y * scale
         y = y * self.weight_scale
         if self.bias is not None:
             y = y + self.bias
-        return y.reshape(*leading, self.out_features)
+        return y
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, int8, layout={self.layout}"
+
+
+def shared_input(linears: list[torch.nn.Module], x: torch.Tensor) -> list[torch.Tensor]:
+    """Each linear applied to the same input x [M, K]: where all are int8, x is quantized once for
+    all of them (the same bits as each quantizing it: `quantize_rows` is a function of the row).
+    A Whisper window's twelve cross-attention projections of its 1,500 encoder frames quantized
+    the frames twelve times, 2.6 ms each on one core."""
+    if not all(isinstance(linear, Int8Linear) for linear in linears):
+        return [linear(x) for linear in linears]
+    x_q, scale = quantize_rows(x)
+    return [linear.from_quantized(x_q, scale) for linear in linears if isinstance(linear, Int8Linear)]
 
 
 def measured_layout(quantized: torch.Tensor) -> tuple[str, int8_packed.PackedProducts | None]:

@@ -101,6 +101,12 @@ def stack_list(most_blocks: int, above: int = 0) -> str:
     return ", ".join(str(n) for n in stack_sizes(most_blocks) if n > above)
 
 
+def probe_state(backend) -> DecoderState:
+    """A state holding the probe prompt (over the probe context, for an encoder-decoder model)."""
+    context = backend.probe_context() if hasattr(backend, "probe_context") else None
+    return _fresh_state(backend, probe_prompt(backend), context)
+
+
 def _fresh_state(backend, prompt: list[int], context) -> DecoderState:
     if not hasattr(backend, "prefill_tokens"):  # any other Decoder: through its public interface
         return backend.prefill(DecodeRequest(tuple(prompt)))
@@ -210,10 +216,16 @@ def _describe(sizes, differing, reference, logits) -> str:
 
 
 def probe_prompt(backend) -> list[int]:
+    """A prompt whose prefilled head spans two prefill blocks: a prompt block's rows attend in one
+    masked product (`fixed_shape.attend_prompt`), whose bits the wide thread count must reproduce
+    at the lengths a long-form window's previous text brings, not only at a three-token prompt."""
+    engine = getattr(backend, "engine", None)
+    span = (engine.shape.prefill_width if engine is not None else 0) + PROMPT_LEN
     prompt_ids = getattr(backend, "prompt_ids", None)
     if callable(prompt_ids):
-        return list(prompt_ids())
-    return probe_tokens(backend, PROMPT_LEN + 1)[1:]
+        text_end = backend.timestamp_rules.eot  # Whisper: ids below it are text
+        return list(prompt_ids(previous=[token % text_end for token in probe_tokens(backend, span)]))
+    return probe_tokens(backend, span + 1)[1:]
 
 
 # ------------------------------------------------------------------ the verdict, cached per machine
@@ -221,8 +233,9 @@ def probe_prompt(backend) -> list[int]:
 
 # Bumped when the engine's arithmetic or the report's fields change, so that a verdict cached for
 # other arithmetic is measured again (2: cross-attention with the rows as columns; partial stacks;
-# 3: packed stacks, the batch check at the wide thread count too).
-VERDICT_REVISION = 3
+# 3: packed stacks, the batch check at the wide thread count too; 4: a probe prompt of two prefill
+# blocks, attended by attend_prompt).
+VERDICT_REVISION = 4
 
 
 def machine_identity() -> dict:

@@ -5,6 +5,11 @@ from __future__ import annotations
 from asyncspec.errors import InputError
 from asyncspec.models.threads import available_cores, torch_threads
 
+# Alone, the decoder takes the wider count only if its call is this much faster there: a call is
+# bound by memory, and under OMP_WAIT_POLICY=PASSIVE two threads waking for every small operator
+# made a whisper-base call 45 ms against 26 ms on one (2-core Xeon, 2026-12-04).
+FASTER_BY = 0.95
+
 
 def beside_threads(threads: int | None) -> int:
     """The decoder's threads while a producer drafts: `threads`, else every core but the producer's."""
@@ -19,7 +24,8 @@ def decode_threads(
     """(threads beside a producer, threads alone). Alone the decoder takes more threads only if the
     self-test finds every row and KV position bitwise equal at both counts: As²d switches between
     them mid-recording, and target-only (at the solo count) is the reference it must equal. With
-    `stacked_blocks`, the self-test's batch check runs too, at both counts (fallback draws)."""
+    `stacked_blocks`, the self-test's batch check runs too, at both counts (fallback draws). Unless
+    `solo_threads` is given, the wider count must also be measured faster (`call_seconds`)."""
     from asyncspec.models.selftest import invariance
 
     if solo_threads is not None and solo_threads < 1:
@@ -29,4 +35,26 @@ def decode_threads(
         return beside, solo
     with torch_threads(beside):
         report = invariance(target, wide_threads=solo if solo != beside else None, stacked_blocks=stacked_blocks)
-    return beside, solo if report.may_use(solo) else beside
+    if not report.may_use(solo):
+        return beside, beside
+    if solo_threads is None and solo != beside and not faster_at(target, solo, beside):
+        return beside, beside
+    return beside, solo
+
+
+def faster_at(target, wide: int, narrow: int) -> bool:
+    """Whether one decoding call takes under FASTER_BY of its `narrow`-thread time at `wide` threads."""
+    if getattr(target, "engine", None) is None:
+        return True  # the transformers engine: no fixed call to time
+    return call_seconds(target, wide) < FASTER_BY * call_seconds(target, narrow)
+
+
+def call_seconds(target, threads: int) -> float:
+    """Best of two decoding calls (one block of the engine's width) at `threads`, on the self-test's
+    probe prompt (measured once per engine and thread count)."""
+    from asyncspec.decoding.draw_plan import call_costs
+    from asyncspec.models.selftest import probe_state
+
+    with torch_threads(threads):
+        state = probe_state(target)
+        return call_costs(target.engine, state.cache, state.length, 1)[1]
