@@ -3,7 +3,8 @@ written in slice copies (`write_rows`), and a shared input is quantized once (`s
 the first agrees with the row-by-row attention to float rounding and sees no later position, the
 other two are bitwise what they replace. The self-test's probe prompt spans two prefill blocks,
 so a prompt attention whose bits follow the thread count is caught; with a three-token probe
-prompt it would not be."""
+prompt it would not be. On real Whisper base, a long-form window's 223-token prompt prefills to the
+same bits on one thread (As²d beside the producer) and two (target-only alone)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from asyncspec.models import fixed_shape, forward_whisper
 from asyncspec.models.fixed_shape import RowSlot, StaticKV, attend_causal, attend_prompt, write_rows
 from asyncspec.models.int8_linear import Int8Linear, shared_input
 from asyncspec.models.selftest import check_invariance, probe_prompt
-from conftest import tiny_causal, tiny_whisper
+from conftest import INT8_REAL, REAL_DTYPE, tiny_causal, tiny_whisper
 
 
 def _cache(kv_heads: int, slots: int, head_dim: int, seed: int) -> StaticKV:
@@ -115,3 +116,38 @@ def test_the_thread_check_catches_a_prompt_attention_that_follows_the_thread_cou
         assert check_invariance(good, wide_threads=2).wide_equal
     finally:
         torch.set_num_threads(before)
+
+
+@pytest.mark.real
+@pytest.mark.parametrize("dtype", [INT8_REAL, REAL_DTYPE])
+def test_a_long_real_prompt_prefills_to_the_same_bits_on_one_and_two_threads(dtype, monkeypatch):
+    """As²d prefills a window beside the producer on one thread and target-only alone on two: a
+    long-form window's prompt (223 tokens of previous text, seven prefill blocks) must give the
+    same keys, values and first logits at both counts, where the self-test let the decoder use both."""
+    from asyncspec.data.librivox import librivox_clips
+    from asyncspec.models.registry import load_decoder
+    from asyncspec.models.row_probe import kv_rows
+    from asyncspec.models.selftest import invariance
+    from asyncspec.models.threads import torch_threads
+
+    decoder = load_decoder("whisper-base", dtype, encoder="fp32")
+    with torch_threads(1):
+        if not invariance(decoder, wide_threads=2).may_use(2):
+            pytest.skip(f"{dtype}: the self-test keeps the decoder on one thread here")
+    text = decoder.tokenizer.encode(" " + " ".join(clip.transcript for clip in librivox_clips())) * 3
+    prompt = list(decoder.prompt_ids(timestamps=True, previous=text))
+    assert len(prompt) > 6 * decoder.engine.shape.prefill_width  # 223 of previous text and the start
+
+    def same_at_one_and_two_threads() -> bool:
+        states = []
+        for threads in (1, 2):
+            with torch_threads(threads):
+                state = decoder._new_state(len(prompt), decoder.probe_context())
+                decoder.prefill_tokens(state, prompt, len(prompt))
+                states.append(state)
+        kv_equal = all(torch.equal(a, b) for a, b in zip(kv_rows(states[0]), kv_rows(states[1]), strict=True))
+        return kv_equal and torch.equal(states[0].next_logits, states[1].next_logits)
+
+    assert same_at_one_and_two_threads()
+    _thread_dependent_past_one_block(monkeypatch, forward_whisper)  # the control: the comparison can fail
+    assert not same_at_one_and_two_threads()
