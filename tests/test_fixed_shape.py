@@ -281,8 +281,12 @@ def test_a_verdict_cached_for_another_engine_revision_is_measured_again(tmp_path
 
 
 @pytest.mark.parametrize(("one", "two", "alone"), [(0.026, 0.045, 1), (0.026, 0.017, 2), (0.026, 0.0255, 1)])
-def test_alone_the_decoder_takes_more_threads_only_where_its_call_is_measured_faster(monkeypatch, one, two, alone):
+def test_alone_the_decoder_takes_more_threads_only_where_its_call_is_measured_faster(
+    monkeypatch, tmp_path, one, two, alone
+):
     from asyncspec.transcription import decode_threads as threads_module
+
+    monkeypatch.setenv("ASYNCSPEC_CACHE", str(tmp_path))  # a machine of its own: nothing timed yet
 
     good = tiny_whisper(torch.float32, seed=8)
     before = torch.get_num_threads()
@@ -302,3 +306,19 @@ def test_a_decoding_call_is_timed_at_each_thread_count():
     before = torch.get_num_threads()
     assert 0 < call_seconds(decoder, 1) < 5 and 0 < call_seconds(decoder, 2) < 5
     assert torch.get_num_threads() == before
+
+
+def test_the_call_timing_is_kept_per_machine_and_openmp_setting(monkeypatch, tmp_path):
+    from asyncspec.transcription import decode_threads as threads_module
+
+    monkeypatch.setenv("ASYNCSPEC_CACHE", str(tmp_path))
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    timed = []
+    monkeypatch.setattr(threads_module, "call_seconds", lambda target, threads: timed.append(threads) or 0.01 * threads)
+    decoder = tiny_whisper(torch.float32, seed=8)
+    first = threads_module.measured_call_seconds(decoder, (1, 2))
+    assert first == {1: 0.01, 2: 0.02} and timed == [1, 2]
+    assert threads_module.measured_call_seconds(decoder, (1, 2)) == first and timed == [1, 2]  # read back
+    monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")  # another OpenMP setting: timed anew
+    threads_module.measured_call_seconds(decoder, (1, 2))
+    assert timed == [1, 2, 1, 2]

@@ -71,7 +71,6 @@ def test_loaded_weights_and_encoder_match_transformers():
     for key, tensor in ours.state_dict().items():
         assert torch.equal(tensor, theirs[key]), key
     assert ours.proj_out.weight.data_ptr() == ours.model.decoder.embed_tokens.weight.data_ptr()
-    assert not any(t.is_meta for t in (*ours.parameters(), *ours.buffers()))  # built on meta, all loaded
     features = log_mel_tensor(_real_audio(), 80)
     with torch.inference_mode():
         mine = ours.model.encoder(features).last_hidden_state

@@ -180,14 +180,10 @@ def load_whisper(source: str | Path, dtype: torch.dtype) -> WhisperModel:
     directory = Path(source)
     config = WhisperConfig.from_dict(_read_json(directory / "config.json"))
     generation = _read_json(directory / "generation_config.json", missing_ok=True)
-    # built without storage, then given the loaded tensors: a random initialisation of every
-    # weight about to be overwritten took 0.5 s of whisper-base's cold start (2-core Xeon)
-    with torch.device("meta"):
-        model = WhisperModel(config, _generation_config(generation))
+    model = WhisperModel(config, _generation_config(generation))
     state = load_file(directory / "model.safetensors")
-    missing, unexpected = model.load_state_dict(state, strict=False, assign=True)
-    model.proj_out.weight = model.model.decoder.embed_tokens.weight  # tied, as Whisper's are
-    missing = [key for key in missing if key != "proj_out.weight"]
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    missing = [key for key in missing if key != "proj_out.weight"]  # tied to the token embedding
     if missing or unexpected:
         raise InputError(f"{directory}: weights do not match the config: missing {missing}, unexpected {unexpected}")
     return model.to(dtype).eval().requires_grad_(False)

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
+
 from asyncspec.errors import InputError
 from asyncspec.models.threads import available_cores, torch_threads
 
@@ -9,6 +13,7 @@ from asyncspec.models.threads import available_cores, torch_threads
 # bound by memory, and under OMP_WAIT_POLICY=PASSIVE two threads waking for every small operator
 # made a whisper-base call 45 ms against 26 ms on one (2-core Xeon, 2026-12-04).
 FASTER_BY = 0.95
+CALL_TIMING_REVISION = 1  # bumped when what a cached timing measures changes
 
 
 def beside_threads(threads: int | None) -> int:
@@ -46,7 +51,27 @@ def faster_at(target, wide: int, narrow: int) -> bool:
     """Whether one decoding call takes under FASTER_BY of its `narrow`-thread time at `wide` threads."""
     if getattr(target, "engine", None) is None:
         return True  # the transformers engine: no fixed call to time
-    return call_seconds(target, wide) < FASTER_BY * call_seconds(target, narrow)
+    seconds = measured_call_seconds(target, (narrow, wide))
+    return seconds[wide] < FASTER_BY * seconds[narrow]
+
+
+def measured_call_seconds(target, counts: tuple[int, ...]) -> dict[int, float]:
+    """`call_seconds` at each count, measured once per machine, model and OpenMP settings and kept
+    in the per-machine cache as the self-test's verdict is: timed at every start it cost 0.4 s of
+    a cold `asyncspec transcribe` (whisper-base, 2-core Xeon)."""
+    from asyncspec.models.cache_entries import keep_first
+    from asyncspec.models.offline import cache_root
+    from asyncspec.models.selftest import machine_key
+
+    openmp = {name: value for name, value in sorted(os.environ.items()) if name.startswith(("OMP_", "KMP_"))}
+    key = machine_key(target) | {"openmp": openmp, "counts": list(counts), "revision": CALL_TIMING_REVISION}
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:24]
+    path = cache_root() / "decode_threads" / f"{digest}.json"
+    try:
+        return {int(count): seconds for count, seconds in json.loads(path.read_text()).items()}
+    except (OSError, ValueError):
+        measured = {str(count): call_seconds(target, count) for count in counts}
+        return {int(count): seconds for count, seconds in keep_first(path, measured).items()}
 
 
 def call_seconds(target, threads: int) -> float:
