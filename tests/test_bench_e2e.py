@@ -78,11 +78,13 @@ def test_bench_e2e_refuses_bad_input_before_loading_models(tmp_path):
     assert main(["bench", "e2e", "--audio", str(tmp_path), "--out", str(tmp_path)]) == EXIT_BAD_INPUT
 
 
-def test_hidden_files_in_the_audio_folder_are_not_recordings(one_clip):
+def test_hidden_files_in_the_audio_folder_are_not_recordings(one_clip, capsys):
     (one_clip / "._clip.wav").write_bytes(b"\x00\x05\x16\x07 macOS metadata, not audio")
     (one_clip / ".cache").mkdir()
     shutil.copy(one_clip / "clip.wav", one_clip / ".cache" / "copy.wav")
     assert [f.path.name for f in directory_files(one_clip)] == ["clip.wav"]
+    said = capsys.readouterr().err
+    assert "2 hidden file(s) not benchmarked" in said and "._clip.wav" in said and "copy.wav" in said
 
 
 def test_as2d_brings_its_reference():

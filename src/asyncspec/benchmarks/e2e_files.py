@@ -3,6 +3,7 @@ default) or the short LibriVox files (the clips and 10-25 s windows joined from 
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -38,14 +39,18 @@ def longform_files(folder: Path) -> list[BenchFile]:
 
 def directory_files(directory: Path) -> list[BenchFile]:
     """Every audio file under `directory` but hidden ones (an editor's or macOS's `._name.wav` is no
-    recording), each read and validated before any model loads (a bad file is an input error,
-    never a crash halfway through the run)."""
+    recording; they are counted and named on stderr), each read and validated before any model
+    loads (a bad file is an input error, never a crash halfway through the run)."""
     from asyncspec.audio import load_audio
 
     if not directory.is_dir():
         raise InputError(f"{directory}: no such directory")
-    found = (p for p in directory.rglob("*") if p.suffix.lower() in AUDIO_SUFFIXES)
-    paths = sorted(p for p in found if not any(part.startswith(".") for part in p.relative_to(directory).parts))
+    found = sorted(p for p in directory.rglob("*") if p.suffix.lower() in AUDIO_SUFFIXES)
+    hidden = [p for p in found if any(part.startswith(".") for part in p.relative_to(directory).parts)]
+    if hidden:  # said, never dropped silently
+        names = ", ".join(str(p.relative_to(directory)) for p in hidden[:5]) + (" ..." if len(hidden) > 5 else "")
+        print(f"{directory}: {len(hidden)} hidden file(s) not benchmarked: {names}", file=sys.stderr)
+    paths = [p for p in found if p not in hidden]
     if not paths:
         raise InputError(f"{directory}: no audio files ({', '.join(sorted(AUDIO_SUFFIXES))})")
     return [BenchFile(p, len(load_audio(p)) / SAMPLE_RATE, _transcript_beside(p)) for p in paths]

@@ -4,9 +4,18 @@ replicas, test workers) never read a half-written entry, and agree on one measur
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from pathlib import Path
+
+from asyncspec.models.offline import cache_root
+
+
+def entry_path(kind: str, key: dict) -> Path:
+    """Where the per-machine cache keeps the entry of `kind` measured under `key` (a digest of it)."""
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:24]
+    return cache_root() / kind / f"{digest}.json"
 
 
 def write_entry(path: Path, value: dict) -> None:

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
+from asyncspec.models.cache_entries import entry_path
 from asyncspec.models.int8_linear import Int8Linear, quantize_linears
 from asyncspec.models.threads import available_cores, torch_threads
 
@@ -178,15 +179,11 @@ def _keep_first(measured: dict, path) -> dict:
 
 
 def _cache_file(backend):
-    import hashlib
-
-    from asyncspec.models.offline import cache_root
     from asyncspec.models.selftest import machine_key
 
     # not the caller's torch threads: a CLI on one thread and a test on two must place it alike
     key = machine_key(backend) | {"what": "encoder placement", "threads": thread_candidates()}
-    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:24]
-    return cache_root() / "placement" / f"{digest}.json"
+    return entry_path("placement", key)
 
 
 def _read(path) -> dict | None:

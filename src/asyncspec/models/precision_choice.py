@@ -13,7 +13,6 @@ ISA caps, torch version, threads, shapes).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import time
 from dataclasses import asdict, dataclass
@@ -21,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from asyncspec.models.cache_entries import keep_first
+from asyncspec.models.cache_entries import entry_path, keep_first
 from asyncspec.models.int8_linear import TIMING_ROWS, Int8Linear, products_exact
 
 REPEATS = 5
@@ -114,12 +113,9 @@ def choose_precision(model_dir: str | Path) -> PrecisionChoice:
 
 
 def _cache_file(shapes: list[tuple[int, int]]) -> Path:
-    from asyncspec.models.offline import cache_root
     from asyncspec.models.selftest import machine_identity
 
-    key = machine_identity() | {"shapes": shapes}
-    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:24]
-    return cache_root() / "precision" / f"{digest}.json"
+    return entry_path("precision", machine_identity() | {"shapes": shapes})
 
 
 def _read(path: Path) -> PrecisionChoice | None:

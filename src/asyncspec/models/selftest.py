@@ -23,7 +23,7 @@ import torch
 from asyncspec.errors import InputError
 from asyncspec.models.base import DecodeRequest, DecoderState, call_width
 from asyncspec.models.batch_check import batch_check
-from asyncspec.models.cache_entries import write_entry
+from asyncspec.models.cache_entries import entry_path, write_entry
 from asyncspec.models.fixed_shape import stack_sizes
 from asyncspec.models.int8_linear import Int8Linear, products_exact
 from asyncspec.models.machine import cpu_identity
@@ -274,10 +274,7 @@ def _weights_fingerprint(backend) -> str:
 
 
 def _cache_file(key: dict) -> Path:
-    from asyncspec.models.offline import cache_root
-
-    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:24]
-    return cache_root() / "selftest" / f"{digest}.json"
+    return entry_path("selftest", key)
 
 
 def invariance(

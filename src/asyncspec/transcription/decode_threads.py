@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 
@@ -59,14 +58,12 @@ def measured_call_seconds(target, counts: tuple[int, ...]) -> dict[int, float]:
     """`call_seconds` at each count, measured once per machine, model and OpenMP settings and kept
     in the per-machine cache as the self-test's verdict is: timed at every start it cost 0.4 s of
     a cold `asyncspec transcribe` (whisper-base, 2-core Xeon)."""
-    from asyncspec.models.cache_entries import keep_first
-    from asyncspec.models.offline import cache_root
+    from asyncspec.models.cache_entries import entry_path, keep_first
     from asyncspec.models.selftest import machine_key
 
     openmp = {name: value for name, value in sorted(os.environ.items()) if name.startswith(("OMP_", "KMP_"))}
     key = machine_key(target) | {"openmp": openmp, "counts": list(counts), "revision": CALL_TIMING_REVISION}
-    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:24]
-    path = cache_root() / "decode_threads" / f"{digest}.json"
+    path = entry_path("decode_threads", key)
     try:
         return {int(count): seconds for count, seconds in json.loads(path.read_text()).items()}
     except (OSError, ValueError):
