@@ -12,6 +12,7 @@ from asyncspec.errors import InputError
 from asyncspec.models.base import DecodeRequest, DecoderState
 from asyncspec.models.fixed_shape import CallShape
 from asyncspec.models.forward_causal import CausalBlockForward
+from asyncspec.models.int8_weights import weights_identity
 from asyncspec.models.kv_backend import DEFAULT_WIDTH, FIXED_SHAPE, KVBackend
 from asyncspec.models.tokenizer import TextTokenizer
 
@@ -29,6 +30,7 @@ class CausalLMBackend(KVBackend):
         engine: str = FIXED_SHAPE,
         shape: CallShape | None = None,
         int8: bool = False,
+        weights: dict | None = None,  # the model file's identity: its int8 weights are cached under it
     ):
         self.model = model.eval()
         self.tokenizer = tokenizer
@@ -37,7 +39,7 @@ class CausalLMBackend(KVBackend):
         self.dtype = next(model.parameters()).dtype
         self.vocab_size = model.get_output_embeddings().weight.shape[0]
         self.max_length = min(getattr(model.config, "max_position_embeddings", DEFAULT_MAX_LENGTH), DEFAULT_MAX_LENGTH)
-        self._init_engine(engine, shape, int8)
+        self._init_engine(engine, shape, int8, weights)
 
     @classmethod
     def load(
@@ -46,7 +48,8 @@ class CausalLMBackend(KVBackend):
         model = AutoModelForCausalLM.from_pretrained(str(source), dtype=dtype)
         hf_tokenizer = AutoTokenizer.from_pretrained(str(source))
         eos = _eos_ids(model, hf_tokenizer)
-        return cls(model, TextTokenizer(hf_tokenizer.backend_tokenizer), name, eos, engine=engine, int8=int8)
+        tokenizer = TextTokenizer(hf_tokenizer.backend_tokenizer)
+        return cls(model, tokenizer, name, eos, engine=engine, int8=int8, weights=weights_identity(source))
 
     def request(self, prompt: str, max_new_tokens: int = 256) -> DecodeRequest:
         ids = self.tokenizer.encode(prompt)

@@ -21,6 +21,7 @@ from asyncspec.models.base import DecodeRequest, DecoderState
 from asyncspec.models.encoder_placement import EncoderPlacement, place, place_encoder
 from asyncspec.models.fixed_shape import CallShape, StaticKV
 from asyncspec.models.forward_whisper import WhisperBlockForward
+from asyncspec.models.int8_weights import weights_identity
 from asyncspec.models.kv_backend import DEFAULT_WIDTH, FIXED_SHAPE, KVBackend
 from asyncspec.models.log_mel import log_mel_tensor
 from asyncspec.models.threads import torch_threads
@@ -42,6 +43,7 @@ class WhisperBackend(KVBackend):
         engine: str = FIXED_SHAPE,
         shape: CallShape | None = None,
         int8: bool = False,
+        weights: dict | None = None,  # the model file's identity: its int8 weights are cached under it
     ):
         self.model = model.eval()
         self.tokenizer = tokenizer
@@ -66,7 +68,7 @@ class WhisperBackend(KVBackend):
         self.no_speech_id = _first_token(tokenizer, "<|nospeech|>", "<|nocaptions|>")
         # (layer, head) of the cross-attention heads word timestamps read; load() takes the model's own
         self.alignment_heads = alignment_heads(None, config.decoder_layers, config.decoder_attention_heads)
-        self._init_engine(engine, shape, int8)
+        self._init_engine(engine, shape, int8, weights)
 
     @classmethod
     def load(
@@ -87,7 +89,7 @@ class WhisperBackend(KVBackend):
             from transformers import AutoTokenizer
 
             tokenizer = TextTokenizer(AutoTokenizer.from_pretrained(str(source)).backend_tokenizer)
-        backend = cls(model, tokenizer, name, engine=engine, int8=int8)
+        backend = cls(model, tokenizer, name, engine=engine, int8=int8, weights=weights_identity(source))
         config = model.config
         backend.alignment_heads = alignment_heads(source, config.decoder_layers, config.decoder_attention_heads)
         backend.place_encoder(place_encoder(backend, encoder))

@@ -70,9 +70,15 @@ class Int8Linear(torch.nn.Module):
     weight_scale: torch.Tensor
     bias: torch.Tensor | None
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, layout: str | None = None):
+    def __init__(
+        self,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        layout: str | None = None,
+        kept: tuple[torch.Tensor, torch.Tensor] | None = None,  # `weight` already quantized
+    ):
         super().__init__()
-        quantized, scale = quantize_rows(weight.detach(), weight_range())
+        quantized, scale = kept if kept is not None else quantize_rows(weight.detach(), weight_range())
         self.out_features, self.in_features = weight.shape
         self.register_buffer("weight_scale", scale.reshape(1, -1))  # [1, N]
         self.register_buffer("bias", None if bias is None else bias.detach().float().reshape(1, -1))
@@ -164,16 +170,24 @@ def packed_exact(k: int) -> bool:
     return _PACKED_EXACT[key]
 
 
-def quantize_linears(module: torch.nn.Module) -> int:
-    """Replace every nn.Linear inside `module` by an Int8Linear, in place; returns how many."""
+def quantize_linears(module: torch.nn.Module, quantized: dict | None = None, prefix: str = "") -> int:
+    """Replace every nn.Linear inside `module` by an Int8Linear, in place; returns how many.
+    `quantized`: weights already quantized, by the linear's name in `module` (int8_weights.py)."""
     replaced = 0
     for name, child in list(module.named_children()):
+        path = f"{prefix}{name}"
         if isinstance(child, torch.nn.Linear):
-            setattr(module, name, Int8Linear.from_linear(child))
+            kept = None if quantized is None else quantized[path]
+            setattr(module, name, Int8Linear(child.weight, child.bias, kept=kept))
             replaced += 1
         else:
-            replaced += quantize_linears(child)
+            replaced += quantize_linears(child, quantized, f"{path}.")
     return replaced
+
+
+def linear_weights(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The weight of every nn.Linear inside `module`, by its name there (as `quantize_linears` names it)."""
+    return {name: child.weight for name, child in module.named_modules() if isinstance(child, torch.nn.Linear)}
 
 
 def products_exact(

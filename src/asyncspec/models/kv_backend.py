@@ -18,12 +18,14 @@ import torch
 
 from asyncspec.models.base import DecoderState
 from asyncspec.models.fixed_shape import CallShape, FixedShapeEngine, RowSlot, StaticKV
-from asyncspec.models.int8_linear import Int8Linear, quantize_linears
+from asyncspec.models.int8_linear import Int8Linear, linear_weights, quantize_linears, weight_range
+from asyncspec.models.int8_weights import quantized_weights
 from asyncspec.models.tokenizer import TextTokenizer
 
 FIXED_SHAPE = "fixed-shape"
 TRANSFORMERS = "transformers"
 ENGINES = (FIXED_SHAPE, TRANSFORMERS)
+OUTPUT_NAME = "<output>"  # the output projection among the quantized weights: no linear's name
 DEFAULT_WIDTH = 8  # rows of every target call: root + up to 7 candidates
 DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float32: "fp32", torch.float16: "fp16"}
 
@@ -63,14 +65,21 @@ class KVBackend:
     def _decoder_layers(self) -> torch.nn.Module:  # the module whose linears int8 replaces
         raise NotImplementedError
 
-    def _init_engine(self, engine: str, shape: CallShape | None, int8: bool = False) -> None:
+    def _init_engine(
+        self, engine: str, shape: CallShape | None, int8: bool = False, weights: dict | None = None
+    ) -> None:
+        """weights: the model file's identity (int8_weights.weights_identity), under which its
+        int8 weights are kept in the per-machine cache; None: quantized at every start."""
         if engine not in ENGINES:
             raise ValueError(f"unknown engine {engine!r}; choose one of {', '.join(ENGINES)}")
         if int8:
             if self.dtype != torch.float32:
                 raise ValueError("int8 weights are quantized from an fp32 model (norms and attention stay fp32)")
-            quantize_linears(self._decoder_layers())
-            self.output_int8 = Int8Linear(self._output_weight(), None)
+            layers = self._decoder_layers()
+            named = linear_weights(layers) | {OUTPUT_NAME: self._output_weight()}
+            quantized = quantized_weights(named, weight_range(), weights)
+            quantize_linears(layers, quantized)
+            self.output_int8 = Int8Linear(self._output_weight(), None, kept=quantized[OUTPUT_NAME])
         if engine == FIXED_SHAPE:
             shape = shape or self._default_shape()
             self.max_length = min(self.max_length, shape.capacity)
