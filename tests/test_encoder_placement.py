@@ -66,3 +66,49 @@ def test_the_encoder_takes_fewer_threads_only_where_its_output_is_thread_invaria
     assert invariant.threads_for(None) == 2 and invariant.threads_for(1) == 1
     assert invariant.threads_for(max(thread_candidates()) + 1) == 2  # a count the placement never compared
     assert EncoderPlacement("bf16", 2, {}, thread_invariant=False).threads_for(1) == 2
+
+
+def _encoded_fp32_after(target, measured: bool) -> torch.Tensor:
+    """The encoder output of `target` placed in fp32, after measuring every float candidate or not."""
+    from asyncspec.models.encoder_placement import EncoderPlacement
+
+    if measured:
+        place_encoder(target)  # auto: times fp32 and bf16 and checks both for thread invariance
+    target.place_encoder(EncoderPlacement("fp32", 1, {}, thread_invariant=True))
+    return target.encode_audio(synthetic_speech(2.0))
+
+
+def test_measuring_the_candidates_leaves_the_encoder_as_it_was(tmp_path, monkeypatch):
+    """The process that measures the placement must compute what every later process, which reads
+    it, computes: measuring the bf16 candidate used to cast the encoder in place, so the fp32
+    encoder then chosen ran on bf16-rounded weights in that process alone (on whisper-base, capped
+    to VNNI, another text for the same file)."""
+    from asyncspec.models import encoder_placement, hf_whisper
+
+    monkeypatch.setenv("ASYNCSPEC_CACHE", str(tmp_path / "first"))
+    measuring = _encoded_fp32_after(tiny_whisper(torch.float32, seed=6), measured=True)
+    reading = _encoded_fp32_after(tiny_whisper(torch.float32, seed=6), measured=False)
+    assert torch.equal(measuring, reading)
+
+    # control: candidates cast in place, as before (and placed without place()'s refusal of a
+    # rounded encoder, test below), and the measuring process computes another output
+    def cast_in_place(encoder, name):
+        return encoder.to(encoder_placement.ENCODER_DTYPES[name])
+
+    monkeypatch.setattr(encoder_placement, "as_candidate", cast_in_place)
+    monkeypatch.setattr(hf_whisper, "place", cast_in_place)
+    monkeypatch.setenv("ASYNCSPEC_CACHE", str(tmp_path / "control"))
+    leaky = _encoded_fp32_after(tiny_whisper(torch.float32, seed=6), measured=True)
+    assert not torch.equal(leaky, reading)
+
+
+def test_a_rounded_encoder_is_not_placed_again():
+    import pytest
+
+    from asyncspec.models.encoder_placement import place
+
+    encoder = tiny_whisper(torch.float32, seed=7).model.model.encoder
+    place(encoder, "bf16")
+    place(encoder, "bf16")  # where it is already: nothing to round
+    with pytest.raises(ValueError, match="bfloat16 already"):
+        place(encoder, "fp32")

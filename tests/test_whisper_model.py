@@ -85,6 +85,24 @@ def test_loaded_weights_and_encoder_match_transformers():
 
 
 @pytest.mark.real
+def test_a_bf16_decoder_leaves_the_encoder_the_files_weights():
+    """The encoder's dtype is placed by measurement; its fp32 candidate must be the file's weights
+    (fp16, which fp32 holds exactly), not weights rounded to the decoder's bf16 on the way."""
+    from asyncspec.models.hf_whisper import _hf_model
+
+    source = real_model_dir("whisper-base")
+    exact = load_whisper(source, torch.float32).model.encoder.state_dict()
+    for model in (load_whisper(source, torch.bfloat16), _hf_model(source, torch.bfloat16)):
+        assert model.proj_out.weight.dtype == next(model.model.decoder.parameters()).dtype == torch.bfloat16
+        encoder = model.model.encoder.state_dict()
+        assert encoder.keys() == exact.keys()
+        assert all(torch.equal(encoder[key], exact[key]) for key in exact)
+    # control: the whole model cast to bf16 and its encoder back to fp32 (the load before) differs
+    rounded = load_whisper(source, torch.float32).model.encoder.to(torch.bfloat16).float().state_dict()
+    assert not all(torch.equal(rounded[key], exact[key]) for key in exact)
+
+
+@pytest.mark.real
 def test_malformed_model_directories_are_refused(tmp_path):
     source = real_model_dir("whisper-tiny.en")
     for name in ("config.json", "model.safetensors"):

@@ -62,21 +62,28 @@ def thread_candidates() -> list[int]:
 
 
 def as_candidate(encoder: torch.nn.Module, name: str) -> torch.nn.Module:
-    """The encoder in candidate `name`: fp32/bf16 cast in place, int8 a quantized fp32 copy (its
-    float weights are kept for the other candidates)."""
-    if name != "int8":
-        return encoder.to(ENCODER_DTYPES[name])
-    quantized = copy.deepcopy(encoder).float()
-    quantize_linears(quantized)
-    return quantized
+    """The encoder in candidate `name`, never changed itself: the encoder where it holds that
+    dtype already, else a cast or quantized copy. Cast in place to bf16 and back, the fp32
+    encoder the placement then chooses would run on bf16-rounded weights in the process that
+    measured, and on the file's weights in every later one: two texts for one target."""
+    dtype = ENCODER_DTYPES[name]
+    if name != "int8" and all(p.dtype == dtype for p in encoder.parameters()):
+        return encoder
+    candidate = copy.deepcopy(encoder).to(dtype)
+    if name == "int8":
+        quantize_linears(candidate)
+    return candidate
 
 
 def place(encoder: torch.nn.Module, name: str) -> None:
     """Put the backend's own encoder in candidate `name`, in place. Quantizing drops the float
-    weights, so an int8 encoder stays int8."""
+    weights and casting to bf16 rounds them, so only an fp32 encoder can be placed again."""
     quantized = any(isinstance(m, Int8Linear) for m in encoder.modules())
     if quantized and name != "int8":
         raise ValueError(f"this encoder's weights are int8 already; it cannot run in {name}")
+    held = next(encoder.parameters()).dtype
+    if not quantized and held != torch.float32 and held != ENCODER_DTYPES[name]:
+        raise ValueError(f"this encoder's weights are {held} already; it cannot run in {name}")
     if name == "int8":
         quantize_linears(encoder.float())
     else:

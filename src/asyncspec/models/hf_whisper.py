@@ -26,7 +26,7 @@ from asyncspec.models.kv_backend import DEFAULT_WIDTH, FIXED_SHAPE, KVBackend
 from asyncspec.models.log_mel import log_mel_tensor
 from asyncspec.models.threads import torch_threads
 from asyncspec.models.tokenizer import TextTokenizer
-from asyncspec.models.whisper_model import load_whisper
+from asyncspec.models.whisper_model import keep_encoder_fp32, load_whisper
 from asyncspec.models.whisper_rules import TimestampRules, apply_timestamp_rules
 
 MULTILINGUAL_VOCAB = 51865
@@ -49,7 +49,7 @@ class WhisperBackend(KVBackend):
         self.tokenizer = tokenizer
         self.name = name
         config = model.config
-        self.dtype = next(model.parameters()).dtype
+        self.dtype = next(model.model.decoder.parameters()).dtype  # the encoder's is placed apart
         self.vocab_size = config.vocab_size
         self.multilingual = config.vocab_size >= MULTILINGUAL_VOCAB
         self.max_length = config.max_target_positions
@@ -293,7 +293,7 @@ def _hf_model(source: str | Path, dtype: torch.dtype) -> Any:
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # a local load of ~1 s: a progress bar is only noise on stderr
-    return WhisperForConditionalGeneration.from_pretrained(str(source), dtype=dtype)
+    return keep_encoder_fp32(WhisperForConditionalGeneration.from_pretrained(str(source), dtype=torch.float32), dtype)
 
 
 def _token_list(model: Any, key: str) -> list[int]:

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
@@ -176,7 +176,8 @@ class WhisperModel(nn.Module):
 
 
 def load_whisper(source: str | Path, dtype: torch.dtype) -> WhisperModel:
-    """The model in a prepared directory, its weights cast to `dtype` (the encoder is placed later)."""
+    """The model in a prepared directory, its decoder cast to `dtype`; the encoder keeps the file's
+    weights in fp32 (`keep_encoder_fp32`), to be placed later."""
     from safetensors.torch import load_file
 
     directory = Path(source)
@@ -189,7 +190,19 @@ def load_whisper(source: str | Path, dtype: torch.dtype) -> WhisperModel:
     missing = [key for key in missing if key != "proj_out.weight"]  # tied to the token embedding
     if missing or unexpected:
         raise InputError(f"{directory}: weights do not match the config: missing {missing}, unexpected {unexpected}")
-    return model.to(dtype).eval().requires_grad_(False)
+    return keep_encoder_fp32(model, dtype).eval().requires_grad_(False)
+
+
+def keep_encoder_fp32(model: Any, dtype: torch.dtype) -> Any:
+    """`model` (ours or transformers' Whisper) cast to `dtype` but for its encoder, cast to fp32.
+    The encoder's dtype is chosen later by measurement (models/encoder_placement.py); cast to a
+    bf16 decoder's dtype and back, its fp32 candidate would run on bf16-rounded weights (the
+    prepared files are fp16, which fp32 holds exactly and bf16 does not)."""
+    encoder = model.model.encoder
+    model.model.encoder = None  # not cast with the rest
+    model.to(dtype)
+    model.model.encoder = encoder.float()
+    return model
 
 
 @contextmanager
