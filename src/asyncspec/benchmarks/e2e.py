@@ -96,19 +96,27 @@ def run(args) -> int:
         results = measure(systems, files, interleaved=args.order == "interleaved")
         check = exactness_check(systems, results, files)
         report = build_report(args, files, systems, results, check, before) | {"as2d": as2d}
+    differing: list[str] = []
     if args.cold:  # after every warm model is closed: the fresh processes have the machine to themselves
-        from asyncspec.benchmarks.e2e_cold import cold_walls
+        from asyncspec.benchmarks.e2e_cold import cold_walls, warm_cold_differences
 
         paths = [f.path for f in files]
         for name, cold in cold_walls(names, paths, args.model, args.threads, _cold_options(args)).items():
             report["systems"][name]["cold"] = cold
+        differing = report["warm_cold_differences"] = warm_cold_differences(report["systems"])
     out.mkdir(parents=True, exist_ok=True)
     (out / "bench_e2e.json").write_text(json.dumps(report, indent=1))
     plot(report, out / "bench_e2e.png")
 
     print(ratio_table(report))
     print(f"wrote {out / 'bench_e2e.json'}, {out / 'bench_e2e.png'}")
-    return check.report() if check is not None else 0
+    code = check.report() if check is not None else 0
+    if differing:  # the same seeded method gave another text in a fresh process: the target is not one
+        from asyncspec.exactness import EXIT_MISMATCH
+
+        print(f"warm and cold texts differ: {', '.join(differing)}", file=sys.stderr)
+        return EXIT_MISMATCH
+    return code
 
 
 def as2d_configuration(args, names: list[str]) -> dict | None:

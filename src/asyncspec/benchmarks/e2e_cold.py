@@ -201,6 +201,27 @@ def cold_walls(
     return runs
 
 
+# asyncspec's methods seed every fallback sample: a file's text is a function of the file and the
+# configuration, so a fresh process must write the warm run's text. faster-whisper's samples are
+# not seeded, and whisper.cpp's cold run is its own CLI's, so theirs may differ.
+SEEDED_SYSTEMS = ("target", "as2d")
+
+
+def warm_cold_differences(systems: dict) -> list[str]:
+    """The files whose cold text differs from the warm one, as "system: file", for the seeded
+    systems of a `bench e2e` report (a failed cold run is reported by its exit code instead)."""
+    differing = []
+    for name in SEEDED_SYSTEMS:
+        row = systems.get(name, {})
+        cold = row.get("cold")
+        if cold is None or cold["returncode"] != 0:
+            continue
+        for record, text in zip(row["files"], cold["texts"], strict=True):
+            if record["text"] != text:
+                differing.append(f"{name}: {record['file']}")
+    return differing
+
+
 def _cold_whisper_cpp(files: Sequence[Path], model: str, threads: int) -> dict:
     from asyncspec.benchmarks.e2e_whispercpp import _model_file, cold_run
 
