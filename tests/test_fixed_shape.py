@@ -156,7 +156,7 @@ def _row_blocked(matmul, block: int = 6):
     return blocked
 
 
-def _attend_all_rows_first(queries, keys, values_t, scale, observe=None):
+def _attend_all_rows_first(queries, keys, values_t, scale, observe=None, block=None):
     """The control: cross-attention with the call's rows as the products' rows."""
     heads, width, head_dim = queries.shape
     q = queries.to(torch.float32).reshape(keys.shape[0], -1, head_dim)
@@ -322,3 +322,23 @@ def test_the_call_timing_is_kept_per_machine_and_openmp_setting(monkeypatch, tmp
     monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")  # another OpenMP setting: timed anew
     threads_module.measured_call_seconds(decoder, (1, 2))
     assert timed == [1, 2, 1, 2]
+
+
+def test_a_stacked_calls_cross_attention_is_each_blocks_own():
+    """Blocks stacked into one call attend the encoder output in the products of a one-block call:
+    the same bits, and the same weights shown to an observer, as each block alone."""
+    from asyncspec.models.fixed_shape import attend_all
+
+    generator = torch.Generator().manual_seed(3)
+    heads, head_dim, frames, block = 4, 8, 1500, 8
+    keys = torch.randn(heads, frames, head_dim, generator=generator)
+    values_t = torch.randn(heads, head_dim, frames, generator=generator)
+    queries = torch.randn(heads, 4 * block, head_dim, generator=generator)
+    seen: list[torch.Tensor] = []
+    stacked = attend_all(queries, keys, values_t, 0.5, seen.append, block=block)
+    for at in range(0, 4 * block, block):
+        alone_seen: list[torch.Tensor] = []
+        alone = attend_all(queries[:, at : at + block].clone(), keys, values_t, 0.5, alone_seen.append)
+        assert torch.equal(stacked[at : at + block], alone)
+        assert torch.equal(seen[0][:, at : at + block], alone_seen[0])
+    assert seen[0].shape == (heads, 4 * block, frames)

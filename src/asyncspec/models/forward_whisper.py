@@ -25,8 +25,10 @@ from asyncspec.models.int8_linear import shared_input
 
 
 class WhisperBlockForward:
-    def __init__(self, model: Any):  # whisper_model.WhisperModel or transformers' Whisper
+    def __init__(self, model: Any, block_rows: int | None = None):  # ours or transformers' Whisper
         self.decoder = model.model.decoder
+        # the decoding call's width: a stacked call's cross-attention runs one block at a time
+        self.block_rows = block_rows
         config = model.config
         self.heads = config.decoder_attention_heads
         self.head_dim = config.d_model // self.heads
@@ -63,7 +65,8 @@ class WhisperBlockForward:
         x = x + self.decoder.embed_positions.weight[positions].to(x.dtype)
         for index, layer in enumerate(self.decoder.layers):
             x = x + self._self_attention(layer, layer.self_attn_layer_norm(x), slots, index, prompt)
-            x = x + self._cross_attention(layer, layer.encoder_attn_layer_norm(x), cross[index], slots, index)
+            block = None if prompt else self.block_rows
+            x = x + self._cross_attention(layer, layer.encoder_attn_layer_norm(x), cross[index], slots, index, block)
             x = x + layer.fc2(layer.activation_fn(layer.fc1(layer.final_layer_norm(x))))
         return self.decoder.layer_norm(x)
 
@@ -82,11 +85,17 @@ class WhisperBlockForward:
         return attention.out_proj(out.to(h.dtype))
 
     def _cross_attention(
-        self, layer, h, cross: tuple[torch.Tensor, torch.Tensor], slots: Sequence[RowSlot], index: int
+        self,
+        layer,
+        h,
+        cross: tuple[torch.Tensor, torch.Tensor],
+        slots: Sequence[RowSlot],
+        index: int,
+        block: int | None,
     ) -> torch.Tensor:
         attention = layer.encoder_attn
         queries = self._heads(attention.q_proj(h) * attention.scaling)
         recording = any(slot.cache.attention is not None for slot in slots)
         observe = (lambda weights: record_cross_attention(slots, index, weights)) if recording else None
-        out = attend_all(queries, cross[0], cross[1], scale=1.0, observe=observe)
+        out = attend_all(queries, cross[0], cross[1], scale=1.0, observe=observe, block=block)
         return attention.out_proj(out.to(h.dtype))

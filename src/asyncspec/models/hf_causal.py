@@ -72,8 +72,8 @@ class CausalLMBackend(KVBackend):
     def _default_shape(self) -> CallShape:
         return CallShape(width=DEFAULT_WIDTH, prefill_width=PREFILL_WIDTH, capacity=self.max_length)
 
-    def _block_forward(self) -> CausalBlockForward:
-        return CausalBlockForward(self.model)
+    def _block_forward(self, shape: CallShape) -> CausalBlockForward:
+        return CausalBlockForward(self.model)  # no cross-attention: every product is per row or a linear
 
     def _dynamic_cache(self) -> DynamicCache:
         return DynamicCache(config=self.model.config)

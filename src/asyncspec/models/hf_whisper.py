@@ -228,8 +228,8 @@ class WhisperBackend(KVBackend):
         # so 32 rows prefill such a prompt in a third of the time and a short one for 20 ms more.
         return CallShape(width=DEFAULT_WIDTH, prefill_width=PREFILL_WIDTH, capacity=self.max_length)
 
-    def _block_forward(self) -> WhisperBlockForward:
-        return WhisperBlockForward(self.model)
+    def _block_forward(self, shape: CallShape) -> WhisperBlockForward:
+        return WhisperBlockForward(self.model, block_rows=shape.width)
 
     def _dynamic_cache(self) -> Any:
         from transformers import DynamicCache, EncoderDecoderCache

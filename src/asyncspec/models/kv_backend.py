@@ -50,7 +50,7 @@ class KVBackend:
     def _default_shape(self) -> CallShape:
         raise NotImplementedError
 
-    def _block_forward(self) -> Any:  # the family's block forward for the fixed-shape engine
+    def _block_forward(self, shape: CallShape) -> Any:  # the family's block forward for the fixed-shape engine
         raise NotImplementedError
 
     def _dynamic_cache(self) -> Any:  # a transformers cache of the family's kind
@@ -83,7 +83,7 @@ class KVBackend:
         if engine == FIXED_SHAPE:
             shape = shape or self._default_shape()
             self.max_length = min(self.max_length, shape.capacity)
-            self.engine = FixedShapeEngine(self._block_forward(), self.project, shape)
+            self.engine = FixedShapeEngine(self._block_forward(shape), self.project, shape)
 
     @functools.cached_property
     def project(self):
