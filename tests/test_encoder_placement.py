@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from asyncspec.models import encoder_placement
 from asyncspec.models.encoder_placement import fastest, place_encoder, thread_candidates
 from conftest import synthetic_speech, tiny_whisper
 
@@ -13,13 +14,17 @@ from conftest import synthetic_speech, tiny_whisper
 def test_fastest_candidate_wins():
     assert fastest({"fp32x1": 900.0, "fp32x2": 480.0, "bf16x1": 220.0, "bf16x2": 125.0}) == ("bf16", 2)
     assert fastest({"fp32x1": 1200.0, "bf16x1": 3300.0}) == ("fp32", 1)  # a CPU that emulates bf16
+    assert fastest({"fp32x2": 531.0, "bf16x2": 1000.0, "int8x2": 315.0}) == ("int8", 2)  # capped to VNNI
+    assert fastest({"bf16x2": 434.0, "int8x2": 386.0}) == ("bf16", 2)  # a lead within the noise: floats
+    assert fastest({"int8x1": 600.0, "int8x2": 320.0}) == ("int8", 2)  # int8 asked for
 
 
 def test_placement_is_measured_cached_and_applied(tmp_path, monkeypatch):
     monkeypatch.setenv("ASYNCSPEC_CACHE", str(tmp_path))
+    monkeypatch.setattr(encoder_placement, "int8_pays_here", lambda encoder: False)
     target = tiny_whisper(torch.float32, seed=2)
     first = place_encoder(target)
-    # auto measures the float candidates only: int8 is used (and timed) only when asked for
+    # where int8 products are slower than fp32's, auto times the float candidates only
     assert not first.cached and set(first.measured_ms) == {
         f"{d}x{t}" for d in ("fp32", "bf16") for t in thread_candidates()
     }
@@ -44,19 +49,67 @@ def test_an_entry_gains_candidates_and_a_damaged_one_is_replaced(tmp_path, monke
     from asyncspec.models.encoder_placement import _cache_file
 
     monkeypatch.setenv("ASYNCSPEC_CACHE", str(tmp_path))
+    monkeypatch.setattr(encoder_placement, "int8_pays_here", lambda encoder: False)
     target = tiny_whisper(torch.float32, seed=3)
     path = _cache_file(target)
     path.parent.mkdir(parents=True)
     floats = {"measured_ms": {"fp32x1": 1.0, "bf16x1": 2.0}, "thread_invariant": {"fp32": True, "bf16": True}}
-    path.write_text(json.dumps(floats))  # what auto measures
-    assert place_encoder(target).cached and place_encoder(target).dtype == "fp32"  # read, not measured
+    path.write_text(json.dumps(floats))  # what auto measured before it could time int8
+    assert place_encoder(target).dtype == "fp32"  # the floats read, int8 declined and recorded
+    assert json.loads(path.read_text())["declined"] == ["int8"] and place_encoder(target).cached
     pinned = place_encoder(target, "int8")  # int8 measured once, added to the entry
     assert not pinned.cached and pinned.dtype == "int8" and all(k.startswith("int8x") for k in pinned.measured_ms)
     entry = json.loads(path.read_text())
     assert entry["measured_ms"]["fp32x1"] == 1.0 and set(entry["thread_invariant"]) == {"fp32", "bf16", "int8"}
-    assert place_encoder(target, "int8").cached and place_encoder(target).dtype == "fp32"  # auto unchanged
+    assert place_encoder(target, "int8").cached
+    auto = place_encoder(target)  # int8 timed now: one of auto's candidates (the fake 1 ms fp32 wins)
+    assert "int8x1" in auto.measured_ms and auto.dtype == "fp32"
     path.write_text("{damaged")
     assert not place_encoder(target).cached and place_encoder(target).cached  # measured again, then read
+
+
+def _fake_timings(names, int8_ms: float) -> dict[str, float]:
+    base = {"fp32": 500.0, "bf16": 900.0, "int8": int8_ms}
+    return {f"{name}x{threads}": base[name] / threads for name in names for threads in thread_candidates()}
+
+
+def test_auto_takes_the_int8_encoder_where_its_products_pay_and_it_is_fastest(tmp_path, monkeypatch):
+    monkeypatch.setenv("ASYNCSPEC_CACHE", str(tmp_path))
+    timed: list[tuple[str, ...]] = []
+
+    def measure(encoder, features, names):
+        timed.append(tuple(names))
+        return _fake_timings(names, 300.0)
+
+    monkeypatch.setattr(encoder_placement, "measure", measure)
+    monkeypatch.setattr(encoder_placement, "int8_pays_here", lambda encoder: True)
+    placed = place_encoder(tiny_whisper(torch.float32, seed=6))
+    assert timed == [("fp32", "bf16", "int8")] and placed.dtype == "int8"
+    # control: where int8 products are slower than fp32's, int8 is never timed, however fast it would be
+    monkeypatch.setenv("ASYNCSPEC_CACHE", str(tmp_path / "elsewhere"))
+    monkeypatch.setattr(encoder_placement, "int8_pays_here", lambda encoder: False)
+    timed.clear()
+    placed = place_encoder(tiny_whisper(torch.float32, seed=6))
+    assert timed == [("fp32", "bf16")] and placed.dtype == "fp32"
+    assert place_encoder(tiny_whisper(torch.float32, seed=6)).cached and timed == [("fp32", "bf16")]  # decided once
+
+
+def test_the_int8_probe_follows_the_measured_products(monkeypatch):
+    import time
+
+    from asyncspec.models.int8_linear import Int8Linear
+
+    encoder = tiny_whisper(torch.float32, seed=7).model.model.encoder
+    real_linear, real_int8 = torch.nn.functional.linear, Int8Linear.forward
+
+    def slow(real):
+        return lambda *args: time.sleep(0.02) or real(*args)
+
+    monkeypatch.setattr(torch.nn.functional, "linear", slow(real_linear))
+    assert encoder_placement.int8_pays_here(encoder)
+    monkeypatch.setattr(torch.nn.functional, "linear", real_linear)
+    monkeypatch.setattr(Int8Linear, "forward", slow(real_int8))
+    assert not encoder_placement.int8_pays_here(encoder)  # control: slow int8 products are not timed
 
 
 def test_the_encoder_takes_fewer_threads_only_where_its_output_is_thread_invariant():

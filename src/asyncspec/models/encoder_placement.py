@@ -8,8 +8,11 @@ part of the target's definition: every method of a process uses the same encoder
 between methods holds whichever is chosen.
 
 "int8" is the fp32 encoder with its linears on int8 weights and per-row int8 activations
-(models/int8_linear.py); its convolutions stay fp32. Where the CPU emulates bf16 it is the
-candidate that can beat fp32.
+(models/int8_linear.py); its convolutions and attention stay fp32. Where the CPU emulates bf16 it
+is the candidate that can beat fp32, so auto times it wherever an int8 product of the encoder's
+kind is faster than fp32's (`int8_pays_here`): on a CPU without VNNI it is slower, and timing a
+whole pass there cost minutes. Its quality is measured in docs/int8.md: within 0.2 points of the
+fp32 encoder's WER on the long-form set and LibriVox, as faster-whisper's int8 encoder is.
 """
 
 from __future__ import annotations
@@ -28,8 +31,13 @@ from asyncspec.models.threads import available_cores, torch_threads
 
 # the dtype each candidate's input and float layers run in
 ENCODER_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "int8": torch.float32}
-AUTO_CANDIDATES = ("fp32", "bf16")
+AUTO_CANDIDATES = ("fp32", "bf16")  # and "int8" where `int8_pays_here`
 REPEATS = 2  # timed passes per candidate, after one warm-up
+FRAMES = 1500  # a 30 s window's encoder frames: the rows of each encoder linear
+# auto takes the int8 encoder only where it needs at most this share of the fastest float
+# encoder's time: its text may differ from theirs at a near-tie, and two placements of one Zen 4
+# EPYC measured int8 at 386 and 457 ms and bf16 at 434 and 358 ms, so a smaller lead is noise
+INT8_SHARE = 0.8
 
 
 @dataclass(frozen=True)
@@ -122,26 +130,32 @@ def same_on_every_thread_count(encoder: torch.nn.Module, name: str, mels: int) -
 
 
 def fastest(timings: dict[str, float]) -> tuple[str, int]:
+    """The fastest (dtype, threads); int8 only where it takes at most INT8_SHARE of the fastest
+    float candidate's time (or no float candidate was timed: int8 asked for)."""
+    floats = {name: ms for name, ms in timings.items() if not name.startswith("int8x")}
     name = min(timings, key=timings.get)
+    if name.startswith("int8x") and floats and timings[name] > INT8_SHARE * min(floats.values()):
+        name = min(floats, key=floats.get)
     dtype, threads = name.split("x")
     return dtype, int(threads)
 
 
 def place_encoder(backend, choice: str = "auto") -> EncoderPlacement:
     """`choice` "fp32"/"bf16"/"int8" pins the dtype (the thread count is measured); "auto"
-    measures the float candidates (or reads this machine's cached verdict) and keeps the fastest."""
+    measures the candidates (or reads this machine's cached verdict) and keeps the fastest."""
     if choice not in ("auto", *ENCODER_DTYPES):
         raise ValueError(f"unknown encoder choice {choice!r}; use auto, {', '.join(ENCODER_DTYPES)}")
-    # auto picks among the float encoders only, and measures only them: int8 is used only when
-    # asked for, since its quality is not checked here (on the 75 s LibriVox recording of
-    # tests/test_longform_real.py it lowered word recall from 0.944 to 0.845), and timing it cost
-    # minutes on a CPU without VNNI (17.6 s a pass on a 2-core AVX2-only EPYC)
-    wanted = AUTO_CANDIDATES if choice == "auto" else (choice,)
     path = _cache_file(backend)
     measured = _read(path)
+    wanted: tuple[str, ...] = (choice,)
+    declined: tuple[str, ...] = ()
+    if choice == "auto":
+        int8 = _int8_timed_or_pays(backend.model.model.encoder, measured)
+        wanted, declined = (AUTO_CANDIDATES + ("int8",), ()) if int8 else (AUTO_CANDIDATES, ("int8",))
     missing = [name for name in wanted if measured is None or name not in measured["thread_invariant"]]
-    if missing:
-        measured = _measure_into(backend, missing, path)
+    unrecorded = measured is None or not set(declined) <= set(measured["declined"])
+    if missing or unrecorded:
+        measured = _measure_into(backend, missing, declined, path)
     timings = measured["measured_ms"]
     eligible = {k: v for k, v in timings.items() if k.split("x")[0] in wanted}
     dtype, threads = fastest(eligible)
@@ -149,12 +163,46 @@ def place_encoder(backend, choice: str = "auto") -> EncoderPlacement:
     return EncoderPlacement(dtype, threads, timings, measured["thread_invariant"][dtype], measured["cached"])
 
 
-def _measure_into(backend, names: list[str], path) -> dict:
-    """Measure the candidates `names` and add them to this machine's entry (see _keep_first)."""
+def _int8_timed_or_pays(encoder: torch.nn.Module, measured: dict | None) -> bool:
+    """Is int8 one of auto's candidates: timed on this machine already, or not yet decided and
+    its products faster than fp32's here? A decision not to time it is kept in the entry."""
+    if measured is not None and "int8" in measured["thread_invariant"]:
+        return True
+    if measured is not None and "int8" in measured["declined"]:
+        return False
+    return int8_pays_here(encoder)
+
+
+@torch.inference_mode()
+def int8_pays_here(encoder: torch.nn.Module) -> bool:
+    """Is the encoder's widest linear, over a window's frames, faster in int8 than in fp32 on this
+    CPU? Without VNNI it is not (a 2-core AVX2-only EPYC: a whole int8 pass took 17.6 s against
+    fp32's 1.7 s), and only where it is can the int8 encoder win, so only there is it timed."""
+    linear = max((m for m in encoder.modules() if isinstance(m, torch.nn.Linear)), key=lambda m: m.weight.numel())
+    weight = linear.weight.detach().float()
+    frames = torch.randn(FRAMES, linear.in_features, generator=torch.Generator().manual_seed(0))
+    quantized = Int8Linear(weight, None)
+    return _best_ms(lambda: quantized(frames)) < _best_ms(lambda: torch.nn.functional.linear(frames, weight))
+
+
+def _best_ms(run) -> float:
+    run()  # warm-up: kernels are chosen on the first call
+    passes = []
+    for _ in range(3):
+        start = time.perf_counter()
+        run()
+        passes.append(time.perf_counter() - start)
+    return 1000 * min(passes)
+
+
+def _measure_into(backend, names: list[str], declined: tuple[str, ...], path) -> dict:
+    """Measure the candidates `names` and add them, and the `declined` ones, to this machine's
+    entry (see _keep_first)."""
     mels, encoder = backend.model.config.num_mel_bins, backend.model.model.encoder
     timings = measure(encoder, torch.zeros(1, mels, 3000), names)
     invariant = {name: same_on_every_thread_count(encoder, name, mels) for name in names}
-    return _keep_first({"measured_ms": timings, "thread_invariant": invariant, "cached": False}, path)
+    entry = {"measured_ms": timings, "thread_invariant": invariant, "declined": sorted(declined), "cached": False}
+    return _keep_first(entry, path)
 
 
 def _keep_first(measured: dict, path) -> dict:
@@ -173,8 +221,9 @@ def _keep_first(measured: dict, path) -> dict:
             merged = {
                 "measured_ms": measured["measured_ms"] | existing["measured_ms"],
                 "thread_invariant": measured["thread_invariant"] | existing["thread_invariant"],
+                "declined": sorted(set(measured["declined"]) | set(existing["declined"])),
             }
-            added = merged["thread_invariant"] != existing["thread_invariant"]
+            added = any(merged[key] != existing[key] for key in ("thread_invariant", "declined"))
             if added:
                 scratch.write_text(json.dumps({**merged, "cached": True}))
                 os.replace(scratch, path)
@@ -199,6 +248,7 @@ def _read(path) -> dict | None:
         return None
     try:
         measured = json.loads(path.read_text())
+        measured.setdefault("declined", [])  # entries written before auto could time int8
         if set(measured["thread_invariant"]) <= set(ENCODER_DTYPES) and measured["measured_ms"]:
             return {**measured, "cached": True}
     except (ValueError, TypeError, KeyError):
