@@ -27,6 +27,7 @@ import torch
 
 from asyncspec.models.cache_entries import entry_path
 from asyncspec.models.int8_linear import Int8Linear, quantize_linears
+from asyncspec.models.precision_choice import median_seconds
 from asyncspec.models.threads import available_cores, torch_threads
 
 # the dtype each candidate's input and float layers run in
@@ -181,18 +182,9 @@ def int8_pays_here(encoder: torch.nn.Module) -> bool:
     linear = max((m for m in encoder.modules() if isinstance(m, torch.nn.Linear)), key=lambda m: m.weight.numel())
     weight = linear.weight.detach().float()
     frames = torch.randn(FRAMES, linear.in_features, generator=torch.Generator().manual_seed(0))
-    quantized = Int8Linear(weight, None)
-    return _best_ms(lambda: quantized(frames)) < _best_ms(lambda: torch.nn.functional.linear(frames, weight))
-
-
-def _best_ms(run) -> float:
-    run()  # warm-up: kernels are chosen on the first call
-    passes = []
-    for _ in range(3):
-        start = time.perf_counter()
-        run()
-        passes.append(time.perf_counter() - start)
-    return 1000 * min(passes)
+    int8, fp32 = Int8Linear(weight, None), lambda x: torch.nn.functional.linear(x, weight)
+    int8(frames), fp32(frames)  # warm-up: kernels are chosen on the first call
+    return median_seconds(int8, frames) < median_seconds(fp32, frames)
 
 
 def _measure_into(backend, names: list[str], declined: tuple[str, ...], path) -> dict:

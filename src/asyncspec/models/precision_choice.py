@@ -73,11 +73,13 @@ def time_linears(shapes: list[tuple[int, int]]) -> dict[str, float]:
     rounds: dict[str, list[float]] = {name: [] for name in candidates}
     for _ in range(ROUNDS):
         for name, layers in candidates.items():
-            rounds[name].append(sum(_median_s(layer, inputs[shape]) * count[shape] for shape, layer in layers.items()))
+            timed = (median_seconds(layer, inputs[shape]) * count[shape] for shape, layer in layers.items())
+            rounds[name].append(sum(timed))
     return {name: round(1000 * min(totals), 2) for name, totals in rounds.items()}
 
 
-def _median_s(layer, x: torch.Tensor) -> float:
+def median_seconds(layer, x: torch.Tensor) -> float:
+    """The median of REPEATS timed calls `layer(x)` (warmed up by the caller)."""
     passes = []
     for _ in range(REPEATS):
         start = time.perf_counter()
