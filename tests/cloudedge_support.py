@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -18,6 +17,7 @@ from asyncspec.cloudedge.cloud import CloudConfig, CloudVerifier
 from asyncspec.cloudedge.edge import EdgeGateway
 from asyncspec.cloudedge.policy import EdgePolicy
 from asyncspec.cloudedge.requests import TokenEvent, event_dict
+from asyncspec.ports import free_address, free_port  # noqa: F401  (tests import them from here)
 from frame_proxy import FrameProxy, FrameProxyConfig
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
@@ -31,16 +31,6 @@ def wait_until(condition, timeout_s: float = 60.0, poll_s: float = 0.05) -> bool
             return True
         time.sleep(poll_s)
     return bool(condition())
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def free_address() -> str:
-    return f"tcp://127.0.0.1:{free_port()}"
 
 
 def stop_process(process: subprocess.Popen) -> tuple[int, str]:

@@ -13,6 +13,7 @@ import uvicorn
 from asyncspec.ondemand.engine import Engine
 from asyncspec.ondemand.ingest import Ingestor, LatestWindow
 from asyncspec.ondemand.prepared_state import Preparer
+from asyncspec.ports import free_port
 from asyncspec.transcription.longform import LongformOptions
 from hardening_support import running_in_thread
 
@@ -38,9 +39,7 @@ def make_engine(target, blocks=None, window_s: float = 4.0, max_queue: int = 4, 
 @contextmanager
 def running_server(app):
     """Yields the base URL of a uvicorn server serving `app`; stops it on exit."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error"))
     with running_in_thread(server):
         yield f"http://127.0.0.1:{port}"

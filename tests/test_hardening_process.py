@@ -12,16 +12,10 @@ import pytest
 import soundfile
 
 from asyncspec.cloudedge.auth import generate_keys
-from cloudedge_support import free_address, model_pair, save_tiny, spawn, wait_ready
+from cloudedge_support import free_address, free_port, model_pair, save_tiny, spawn, wait_ready
 
 PROMPT = "w3 w17 w5 w8"
 API_KEY = "test-key-0123456789abcdef"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +46,7 @@ def stop(process) -> str:
 
 def test_temperature_1e_45_is_a_400_and_the_hardened_edge_goes_on(dirs):
     target_dir, drafter_dir, keys, api_key = dirs
-    cloud_address, edge_address, port = free_address(), free_address(), _free_port()
+    cloud_address, edge_address, port = free_address(), free_address(), free_port()
     cloud = spawn("serve", "cloud", "--model", str(target_dir), "--bind", cloud_address, "--dtype", "fp32",
                   "--curve-secret", str(keys / "cloud.key_secret"), "--curve-clients", str(keys / "edges"))  # fmt: skip
     edge = spawn("serve", "edge", "--model", str(drafter_dir), "--cloud", cloud_address, "--bind", edge_address,

@@ -8,7 +8,6 @@ from __future__ import annotations
 import heapq
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -23,6 +22,7 @@ from asyncspec.cloudedge.link.profiles import LinkProfile
 from asyncspec.cloudedge.link.proxy import LinkStats
 from asyncspec.cloudedge.transport import Channel, make_socket
 from asyncspec.data.workloads.arrivals import Arrival, make_scheduler
+from asyncspec.ports import free_port
 
 
 @dataclass
@@ -56,12 +56,6 @@ class Workload:
     seed: int = 0
     clients: int | None = None  # closed loop (default: all requests at once)
     rate_per_s: float | None = None  # open loop, Poisson
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def spawn_service(args: list[str], log: Path, timeout_s: float = 300.0) -> subprocess.Popen:
