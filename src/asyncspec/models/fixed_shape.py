@@ -31,18 +31,21 @@ from typing import Any, Protocol
 
 import torch
 
+from asyncspec.models.int8_attention import QuantizedKeys, integer_scores
+
 ATTENTION_DTYPE = torch.float32  # scores, softmax and weighted sum; the cache is kept in it too
 
 
 @dataclass
 class StaticKV:
     """Per-request keys/values: one [H_kv, slots, D_h] tensor per layer and kind, in ATTENTION_DTYPE.
-    `cross` holds an encoder-decoder model's cross-attention keys [H_kv, T, D_h] and values, transposed
-    [H_kv, D_h, T] (attend_all's layout), per layer (read-only, shareable)."""
+    `cross` holds an encoder-decoder model's cross-attention keys [H_kv, T, D_h] (int8 engine:
+    QuantizedKeys) and values, transposed [H_kv, D_h, T] (attend_all's layout), per layer
+    (read-only, shareable)."""
 
     keys: list[torch.Tensor]
     values: list[torch.Tensor]
-    cross: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)
+    cross: list[tuple[torch.Tensor | QuantizedKeys, torch.Tensor]] = field(default_factory=list)
     attention: Any = None  # an attention_record.AttentionRecord where word timestamps are wanted
 
     @classmethod
@@ -72,8 +75,13 @@ class StaticKV:
         return StaticKV([k.clone() for k in self.keys], [v.clone() for v in self.values], self.cross, attention)
 
     def nbytes(self) -> int:
-        tensors = [*self.keys, *self.values, *(t for pair in self.cross for t in pair)]
+        cross = [t for keys, values_t in self.cross for t in (*cross_tensors(keys), values_t)]
+        tensors = [*self.keys, *self.values, *cross]
         return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def cross_tensors(keys: torch.Tensor | QuantizedKeys) -> tuple[torch.Tensor, ...]:
+    return keys.tensors() if isinstance(keys, QuantizedKeys) else (keys,)
 
 
 @dataclass(frozen=True)
@@ -192,7 +200,7 @@ def row_positions(slots: Sequence[RowSlot], width: int, last_position: int | Non
 
 def attend_all(
     queries: torch.Tensor,  # [H, W, D_h] in the model's dtype
-    keys: torch.Tensor,  # [H_kv, T, D_h] ATTENTION_DTYPE
+    keys: torch.Tensor | QuantizedKeys,  # [H_kv, T, D_h] ATTENTION_DTYPE, or the int8 engine's
     values_t: torch.Tensor,  # [H_kv, D_h, T] ATTENTION_DTYPE: transposed, contiguous
     scale: float,
     observe: Callable[[torch.Tensor], None] | None = None,
@@ -220,7 +228,10 @@ def attend_all(
         return torch.cat(parts)
     kv_heads = keys.shape[0]
     q = queries.to(ATTENTION_DTYPE).reshape(kv_heads, (heads // kv_heads) * width, head_dim)
-    scores = torch.matmul(keys, q.transpose(1, 2)).transpose(1, 2).contiguous()  # [H_kv, group * W, T]
+    if isinstance(keys, QuantizedKeys):  # the int8 engine's: exact at any width (int8_attention.py)
+        scores = integer_scores(q, keys)
+    else:
+        scores = torch.matmul(keys, q.transpose(1, 2)).transpose(1, 2).contiguous()  # [H_kv, group * W, T]
     weights = torch.softmax(scores * scale if scale != 1.0 else scores, dim=-1)  # per row: invariant
     if observe is not None:
         observe(weights.view(heads, width, -1))
