@@ -14,7 +14,9 @@ import random
 import socket
 from pathlib import Path
 
-LOWEST_PORT = 10000
+# Above Ray's worker ports (10002-19999 by default), which `ray start` refuses to share with its head
+# port, and which its workers bind as they start.
+LOWEST_PORT = 20000
 EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
 DEFAULT_EPHEMERAL_START = 32768  # Linux's default; also below the IANA range other systems use
 ATTEMPTS = 200
