@@ -258,3 +258,22 @@ def test_vad_transcribes_the_speech_only_and_as2d_still_equals_target_only(trans
         assert any(start - 0.5 <= segment.start and segment.end <= end + 0.5 for start, end in spans), segment
     text = " ".join(segment.text for segment in target_segments)
     assert word_recall(" ".join(clip.transcript for clip in clips), text) >= 0.95
+
+
+def fallback_words(transcriber, audio, method: str):
+    """A window forced to fall back (every attempt 'unlikely'), words timed from its chosen draws."""
+    forced = {"log_prob_threshold": 0.0, "best_of": 5, "temperatures": (0.0, 0.6), "word_timestamps": True}
+    return run(transcriber, audio, method, **forced)
+
+
+def test_fallback_draws_that_shared_rows_time_their_words_as_target_only(transcriber, recording):
+    """Draws that sampled the same tokens share a state (decoding/draw_sharing.py) and end at
+    different steps; the chosen draw's state still holds its rows, whose alignment weights word
+    timestamps read: As²d's words equal target-only's. (The control on a finished draw's state:
+    tests/test_draw_sharing.py.)"""
+    audio = recording[0][: 12 * SAMPLE_RATE]
+    segments, info = fallback_words(transcriber, audio, "as2d")
+    target_segments, _ = fallback_words(transcriber, audio, "target")
+    assert segments == target_segments and all(s.words for s in segments)
+    draws = info.windows[0].draws[1:]
+    assert len(draws) == 5 and len({len(d.result.tokens) for d in draws}) > 1  # ended at different steps

@@ -75,7 +75,8 @@ def test_stacked_calls_where_the_batch_check_proved_them_are_exact(wide_calls_ch
     report = check_invariance(whisper, stacked_blocks=8)
     most = report.stacking(torch.get_num_threads())
     assert most >= 2, report.summary()  # the tiny model's rows are invariant on every CPU seen
-    alone, spec = compared(whisper, request, references, temperature=0.3, most_blocks=most, count=8)
+    # at 0.6 the draws part early (at 0.3 they share one set of rows and never fill a block)
+    alone, spec = compared(whisper, request, references, temperature=0.6, most_blocks=most, count=8)
     assert same_draws(alone, spec)
     blocks = [event.meta["blocks"] for event in spec[0].trace.events if event.stage == "verify"]
     assert max(blocks) > 1  # calls wider than one block ran
@@ -89,9 +90,9 @@ def test_a_kernel_variant_past_one_block_is_caught_by_the_batch_check_and_forcin
     whisper.name += "-block-variant"
     report = check_invariance(whisper, stacked_blocks=8)
     assert report.passed and report.stacking(torch.get_num_threads()) == 1, report.summary()
-    alone, proven = compared(whisper, request, references, temperature=0.3, most_blocks=1, count=8)
+    alone, proven = compared(whisper, request, references, temperature=0.6, most_blocks=1, count=8)
     assert same_draws(alone, proven)
-    _, forced = compared(whisper, request, references, temperature=0.3, most_blocks=8, count=8)
+    _, forced = compared(whisper, request, references, temperature=0.6, most_blocks=8, count=8)
     assert max(event.meta["blocks"] for event in forced[0].trace.events if event.stage == "verify") > 1
     assert not same_draws(alone, forced)
 

@@ -3,7 +3,8 @@
 Target-only decodes a draw one token per call (target_draws.py packs the five draws' rows into
 one call per step). A fallback window's draws mostly retrace its earlier attempts, so here each
 draw also feeds candidates looked up in them (draw_lookup.py), its rows packed with the other
-draws' into calls whose width the plan picks (draw_plan.py). A candidate is accepted exactly when
+draws' into calls whose width the plan picks (draw_plan.py); draws that have sampled the same
+tokens so far feed one set of rows for all of them (draw_sharing.py). A candidate is accepted exactly when
 it equals the token the draw samples at that position from the target's row, `decide` keyed by
 (seed, position) as target-only keys it (sampling.py); at the first that differs the draw takes
 its own sample and rolls back. Rows never depend on the call they are in (the fixed-shape engine,
@@ -20,6 +21,7 @@ import torch
 
 from asyncspec.decoding.draw_lookup import DrawLookup, ReferenceIndex
 from asyncspec.decoding.draw_plan import call_costs, plan_rows
+from asyncspec.decoding.draw_sharing import share_states
 from asyncspec.decoding.result import DecodeConfig, DecodeResult, DecodeStats, commit_token, output_limit
 from asyncspec.decoding.target_draws import prefilled_draws, share_out
 from asyncspec.models.base import DecodeRequest, DecoderState
@@ -34,6 +36,7 @@ MOST_CANDIDATES = 7  # a draw's rows in one call: its root and up to 7 candidate
 class _Draw:
     config: DecodeConfig
     state: DecoderState
+    length: int  # the positions of `state` that hold its rows (draw_sharing.py)
     lookup: DrawLookup
     row: torch.Tensor  # the logits that decide its next token
     tokens: list[int] = field(default_factory=list)
@@ -65,10 +68,9 @@ def decode_speculative_draws(
     `decode_target_only(target, None, request, config)`. references: the window's earlier attempts'
     tokens (the greedy one first); most_blocks: the widest call, in blocks, the batch check proved."""
     trace = Trace()
-    states = prefilled_draws(target, request, configs, trace)
-    prefilled = states[0]
+    prefilled = prefilled_draws(target, request, configs, trace)
     index = ReferenceIndex(references)
-    draws = [_Draw(c, s, DrawLookup(index), s.next_logits) for c, s in zip(configs, states, strict=True)]
+    draws = [_Draw(c, prefilled, prefilled.length, DrawLookup(index), prefilled.next_logits) for c in configs]
     limit, prefill_s = output_limit(request, target), trace.now()
     width = target.call_width
     # timed on an empty cache beside the draws' (a copy would clone the prompt's keys and values)
@@ -78,16 +80,22 @@ def decode_speculative_draws(
         for draw, token in zip(draws, pending, strict=True):
             if draw.going:
                 draw.take(target, draw.row, token, limit)
-        live = [draw for draw in draws if draw.going]
-        if not live:
+        # draws with the same tokens propose the same candidates (a lookup is a function of the
+        # tokens) and would compute the same rows: the first of each group verifies for all
+        groups = share_states(target, draws)
+        if not groups:
             break
-        proposals = [_proposal(target, draw, limit) for draw in live]
-        plan = plan_rows([len(p) for p in proposals], [d.acceptance for d in live], width, costs, most_blocks)
-        lists = [[draw.tokens[-1], *p[:n]] for draw, p, n in zip(live, proposals, plan.candidates, strict=True)]
+        leaders = [group[0] for group in groups]
+        proposals = [_proposal(target, draw, limit) for draw in leaders]
+        plan = plan_rows([len(p) for p in proposals], [d.acceptance for d in leaders], width, costs, most_blocks)
+        lists = [[draw.tokens[-1], *p[:n]] for draw, p, n in zip(leaders, proposals, plan.candidates, strict=True)]
         with trace.stage("verify", width=sum(map(len, lists)), blocks=plan.blocks):
-            rows = target.extend_packed([draw.state for draw in live], lists, most_blocks)
-        verified = zip(live, lists, rows, strict=True)
-        found = {id(draw): _verify(target, draw, tokens[1:], logits, limit) for draw, tokens, logits in verified}
+            rows = target.extend_packed([draw.state for draw in leaders], lists, most_blocks)
+        found = {
+            id(draw): _verify(target, draw, tokens[1:], logits, limit)
+            for group, tokens, logits in zip(groups, lists, rows, strict=True)
+            for draw in group
+        }
         pending = [found.get(id(draw)) for draw in draws]
     share_out([draw.stats for draw in draws], prefilled, prefill_s, trace.now() - prefill_s)
     return [DecodeResult(METHOD, draw.tokens, draw.stats, trace) for draw in draws]
@@ -101,8 +109,9 @@ def _proposal(target, draw: _Draw, limit: int) -> list[int]:
 
 def _verify(target, draw: _Draw, candidates: list[int], logits: torch.Tensor, limit: int) -> int | None:
     """Accept the candidates while each equals the draw's own sample from the row before it; keep
-    the row after the last accepted one, roll the rest back. The sample that rejected a candidate
-    (None when none did) is the draw's next token."""
+    the row after the last accepted one, and the length up to it (the rest is rolled back when the
+    draws are next grouped: the state may be shared). The sample that rejected a candidate (None
+    when none did) is the draw's next token."""
     draw.stats.target_calls += 1
     draw.stats.call_widths.append(len(candidates) + 1)
     position, rejected_by = 0, None
@@ -120,6 +129,6 @@ def _verify(target, draw: _Draw, candidates: list[int], logits: torch.Tensor, li
     draw.stats.observe_round(len(candidates), position)
     draw.accepted += position
     draw.rejected += rejected_by is not None
-    target.rollback(draw.state, draw.state.length - len(candidates) + position)
+    draw.length = draw.state.length - len(candidates) + position
     draw.row = logits[position]
     return rejected_by
