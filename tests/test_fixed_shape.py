@@ -309,12 +309,18 @@ def test_a_decoding_call_is_timed_at_each_thread_count():
 
 
 def test_the_call_timing_is_kept_per_machine_and_openmp_setting(monkeypatch, tmp_path):
+    from asyncspec.decoding import draw_plan
     from asyncspec.transcription import decode_threads as threads_module
 
     monkeypatch.setenv("ASYNCSPEC_CACHE", str(tmp_path))
     monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
     timed = []
-    monkeypatch.setattr(threads_module, "call_seconds", lambda target, threads: timed.append(threads) or 0.01 * threads)
+
+    def timing(engine, cache, position, most_blocks):
+        timed.append(torch.get_num_threads())
+        return {1: 0.01 * torch.get_num_threads()}
+
+    monkeypatch.setattr(draw_plan, "call_costs", timing)
     decoder = tiny_whisper(torch.float32, seed=8)
     first = threads_module.measured_call_seconds(decoder, (1, 2))
     assert first == {1: 0.01, 2: 0.02} and timed == [1, 2]

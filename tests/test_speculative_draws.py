@@ -6,10 +6,12 @@ the batch check proved on a kernel that rounds wide calls differently all fail t
 
 from __future__ import annotations
 
+import weakref
+
 import pytest
 import torch
 
-from asyncspec.decoding import speculative_draws
+from asyncspec.decoding import draw_plan, speculative_draws
 from asyncspec.decoding.draw_lookup import DrawLookup, ReferenceIndex
 from asyncspec.decoding.draw_plan import call_costs, plan_rows
 from asyncspec.decoding.speculative_draws import decode_speculative_draws
@@ -35,10 +37,10 @@ def wide_calls_cheap(monkeypatch):
     """Calls of any width cost the same, so the plan stacks as wide as it is allowed: on the tiny
     model a wide call costs about its rows' worth and the plan would seldom widen."""
 
-    def flat(engine, cache, position, most_blocks):
+    def flat(target, scratch, most_blocks):
         return {blocks: 0.01 for blocks in [1, *stack_sizes(most_blocks)]}
 
-    monkeypatch.setattr(speculative_draws, "call_costs", flat)
+    monkeypatch.setattr(speculative_draws, "kept_call_costs", flat)
 
 
 def compared(whisper, request, references, temperature=0.3, most_blocks=1, count=5):
@@ -157,3 +159,24 @@ def test_the_call_costs_are_measured_once_per_thread_count():
     first = call_costs(whisper.engine, whisper.copy_state(state).cache, state.length, 4)
     again = call_costs(whisper.engine, whisper.copy_state(state).cache, state.length, 4)
     assert set(first) == {1, 2, 4} and first == again and all(cost > 0 for cost in first.values())
+
+
+def test_the_call_costs_are_kept_per_machine_and_openmp_setting(monkeypatch, tmp_path):
+    """Timed in every process, the costs took a transcriber's first fallback 0.4 s; kept, a new
+    process reads them back. The control: under another OpenMP setting they are timed anew."""
+    monkeypatch.setenv("ASYNCSPEC_CACHE", str(tmp_path))
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    whisper, request, _ = window()
+    state = whisper.prefill(request)
+
+    def scratch():
+        return whisper.copy_state(state).cache, state.length
+
+    first = draw_plan.kept_call_costs(whisper, scratch, 4)
+    assert set(first) == {1, 2, 4} and all(cost > 0 for cost in first.values())
+    monkeypatch.setattr(draw_plan, "_COSTS", weakref.WeakKeyDictionary())  # a new process: nothing timed
+    timed = []
+    monkeypatch.setattr(draw_plan, "call_costs", lambda *args: timed.append(args) or {1: 1.0, 2: 1.0, 4: 1.0})
+    assert draw_plan.kept_call_costs(whisper, scratch, 4) == first and not timed
+    monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")
+    assert draw_plan.kept_call_costs(whisper, scratch, 4) == {1: 1.0, 2: 1.0, 4: 1.0} and len(timed) == 1

@@ -10,16 +10,19 @@ size, among those the self-test proved exact, that commits the most expected tok
 
 from __future__ import annotations
 
+import json
 import time
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
 
-from asyncspec.models.fixed_shape import RowSlot, cut_into_stacks, stack_sizes
+from asyncspec.models.fixed_shape import RowSlot, StaticKV, cut_into_stacks, stack_sizes
+from asyncspec.models.threads import openmp_settings
 
 _COSTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # engine -> {(threads, blocks): seconds}
+COST_REVISION = 1  # bumped when what a kept timing measures changes
 
 
 @dataclass(frozen=True)
@@ -74,3 +77,22 @@ def call_costs(engine, cache, position: int, most_blocks: int) -> dict[int, floa
             timings.append(time.perf_counter() - started)
         known[(threads, blocks)] = min(timings)
     return {blocks: known[(threads, blocks)] for blocks in [1, *stack_sizes(most_blocks)]}
+
+
+def kept_call_costs(target, scratch: Callable[[], tuple[StaticKV, int]], most_blocks: int) -> dict[int, float]:
+    """`call_costs` at this thread count, kept in the per-machine cache (model, weights, call shape,
+    OpenMP settings), as the self-test's verdict is: timed in every process, it cost a transcriber
+    0.4 s at its first fallback (whisper-base int8, 2-core EPYC capped to VNNI). `scratch()`: the
+    cache and position to time on, made only when nothing is kept."""
+    from asyncspec.models.cache_entries import entry_path, keep_first
+    from asyncspec.models.selftest import machine_key
+
+    blocks = [1, *stack_sizes(most_blocks)]
+    asked = {"openmp": openmp_settings(), "threads": torch.get_num_threads(), "blocks": blocks}
+    path = entry_path("call_costs", machine_key(target) | asked | {"revision": COST_REVISION})
+    try:
+        return {int(count): seconds for count, seconds in json.loads(path.read_text()).items()}
+    except (OSError, ValueError):
+        timed = call_costs(target.engine, *scratch(), most_blocks)
+        measured = {str(count): seconds for count, seconds in timed.items()}
+        return {int(count): seconds for count, seconds in keep_first(path, measured).items()}

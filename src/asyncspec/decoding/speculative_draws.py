@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import torch
 
 from asyncspec.decoding.draw_lookup import DrawLookup, ReferenceIndex
-from asyncspec.decoding.draw_plan import call_costs, plan_rows
+from asyncspec.decoding.draw_plan import kept_call_costs, plan_rows
 from asyncspec.decoding.draw_sharing import share_states
 from asyncspec.decoding.result import DecodeConfig, DecodeResult, DecodeStats, commit_token, output_limit
 from asyncspec.decoding.target_draws import prefilled_draws, share_out
@@ -74,7 +74,7 @@ def decode_speculative_draws(
     limit, prefill_s = output_limit(request, target), trace.now()
     width = target.call_width
     # timed on an empty cache beside the draws' (a copy would clone the prompt's keys and values)
-    costs = call_costs(target.engine, prefilled.cache.sibling(), prefilled.length, most_blocks)
+    costs = kept_call_costs(target, lambda: (prefilled.cache.sibling(), prefilled.length), most_blocks)
     pending: list[int | None] = [None] * len(draws)
     while True:
         for draw, token in zip(draws, pending, strict=True):

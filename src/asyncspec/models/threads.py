@@ -23,3 +23,8 @@ def torch_threads(threads: int) -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(before)
+
+
+def openmp_settings() -> dict[str, str]:
+    """The OpenMP variables in effect: a call's timing depends on them (OMP_WAIT_POLICY above all)."""
+    return {name: value for name, value in sorted(os.environ.items()) if name.startswith(("OMP_", "KMP_"))}

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import json
-import os
-
 from asyncspec.errors import InputError
 from asyncspec.models.threads import available_cores, torch_threads
 
@@ -12,7 +9,6 @@ from asyncspec.models.threads import available_cores, torch_threads
 # bound by memory, and under OMP_WAIT_POLICY=PASSIVE two threads waking for every small operator
 # made a whisper-base call 45 ms against 26 ms on one (2-core Xeon, 2026-12-04).
 FASTER_BY = 0.95
-CALL_TIMING_REVISION = 1  # bumped when what a cached timing measures changes
 
 
 def beside_threads(threads: int | None) -> int:
@@ -55,28 +51,19 @@ def faster_at(target, wide: int, narrow: int) -> bool:
 
 
 def measured_call_seconds(target, counts: tuple[int, ...]) -> dict[int, float]:
-    """`call_seconds` at each count, measured once per machine, model and OpenMP settings and kept
-    in the per-machine cache as the self-test's verdict is: timed at every start it cost 0.4 s of
-    a cold `asyncspec transcribe` (whisper-base, 2-core Xeon)."""
-    from asyncspec.models.cache_entries import entry_path, keep_first
-    from asyncspec.models.selftest import machine_key
-
-    openmp = {name: value for name, value in sorted(os.environ.items()) if name.startswith(("OMP_", "KMP_"))}
-    key = machine_key(target) | {"openmp": openmp, "counts": list(counts), "revision": CALL_TIMING_REVISION}
-    path = entry_path("decode_threads", key)
-    try:
-        return {int(count): seconds for count, seconds in json.loads(path.read_text()).items()}
-    except (OSError, ValueError):
-        measured = {str(count): call_seconds(target, count) for count in counts}
-        return {int(count): seconds for count, seconds in keep_first(path, measured).items()}
+    """`call_seconds` at each count."""
+    return {count: call_seconds(target, count) for count in counts}
 
 
 def call_seconds(target, threads: int) -> float:
-    """Best of two decoding calls (one block of the engine's width) at `threads`, on the self-test's
-    probe prompt (measured once per engine and thread count)."""
-    from asyncspec.decoding.draw_plan import call_costs
+    """One decoding call (one block of the engine's width) at `threads`, on the self-test's probe
+    prompt: measured once per machine, model and OpenMP settings (draw_plan.kept_call_costs)."""
+    from asyncspec.decoding.draw_plan import kept_call_costs
     from asyncspec.models.selftest import probe_state
 
-    with torch_threads(threads):
+    def scratch():
         state = probe_state(target)
-        return call_costs(target.engine, state.cache, state.length, 1)[1]
+        return state.cache, state.length
+
+    with torch_threads(threads):
+        return kept_call_costs(target, scratch, 1)[1]
