@@ -1,14 +1,22 @@
-"""Cross-attention scores in integers (models/int8_attention.py): a row's scores are the same bits in
-a call of any width and position, they are the stated formula, and their softmax stays close to the
-float one. Negative controls: queries quantized by the whole call's scale make rows depend on the
-call, and keys quantized without centring lose accuracy where keys share an offset."""
+"""Cross-attention in integers (models/int8_attention.py): a row's scores and weighted sums are the
+same bits in a call of any width and position, they are the stated formulas, and they stay close to
+the float ones. Negative controls: queries or weights quantized by the whole call's scale make rows
+depend on the call, keys quantized without centring lose accuracy where keys share an offset, and
+weights rounded to one 8-bit digit lose a peaked row's tail."""
 
 from __future__ import annotations
 
 import torch
 
 from asyncspec.models.fixed_shape import StaticKV, attend_all
-from asyncspec.models.int8_attention import QuantizedKeys, integer_scores, quantize_keys
+from asyncspec.models.int8_attention import (
+    QuantizedKeys,
+    QuantizedValues,
+    integer_scores,
+    integer_weighted_sum,
+    quantize_keys,
+    quantize_values,
+)
 from asyncspec.models.int8_linear import QMAX, quantize_rows, weight_range
 from asyncspec.models.selftest import check_invariance
 from conftest import synthetic_speech, tiny_whisper
@@ -106,5 +114,92 @@ def test_the_int8_whisper_engine_scores_in_integers_and_float_engines_do_not():
         state = target.prefill(request, target.encode_audio(speech))
         assert isinstance(state.cache, StaticKV)
         assert all(isinstance(keys, expected) for keys, _ in state.cache.cross)
+        values_kind = QuantizedValues if precision == "int8" else torch.Tensor
+        assert all(isinstance(values, values_kind) for _, values in state.cache.cross)
         assert state.cache.nbytes() > 0
         assert check_invariance(target).passed
+
+
+def peaked_weights(rows: int = 24, seed: int = 9) -> torch.Tensor:
+    """fp32 [H, R, T] softmax rows from nearly uniform to one frame holding ~90 %: a long tail of
+    small weights, as a decoder row attends over 1,500 encoder frames."""
+    generator = torch.Generator().manual_seed(seed)
+    sharpness = torch.linspace(0.1, 12.0, rows).view(1, rows, 1)
+    logits = torch.randn(HEADS, rows, FRAMES, generator=generator) * sharpness
+    return torch.softmax(logits, dim=-1)
+
+
+def float_values(seed: int = 10) -> torch.Tensor:
+    """fp32 [H, D_h, T]: values transposed, as attend_all keeps them; channels of different ranges."""
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randn(HEADS, HEAD_DIM, FRAMES, generator=generator) * torch.logspace(-1, 1, HEAD_DIM).view(1, -1, 1)
+
+
+def call_scale_weighted_sum(weights: torch.Tensor, values: QuantizedValues) -> torch.Tensor:
+    """A deliberately wrong variant: the weights' digits scaled by the whole call's largest weight."""
+    heads, rows, _ = weights.shape
+    base = weight_range() + 1
+    scale = weights.amax() / (base * base - 1)
+    levels = torch.round(weights / scale)
+    high = torch.floor(levels / base)
+    digits = torch.cat((high, levels - high * base), dim=1).to(torch.int8)
+    sums = torch.stack([torch._int_mm(values.codes[h], digits[h].t()) for h in range(heads)]).double()
+    out = (sums[:, :, :rows] * base + sums[:, :, rows:]) * scale * values.scales
+    return out.float().transpose(1, 2)
+
+
+def one_digit_weighted_sum(weights: torch.Tensor, values: QuantizedValues) -> torch.Tensor:
+    """A deliberately coarse variant: each row's weights rounded to one 8-bit digit by its own max."""
+    codes, scales = quantize_rows(weights.reshape(-1, FRAMES), weight_range())
+    codes = codes.view(weights.shape)
+    sums = torch.stack([torch._int_mm(values.codes[h], codes[h].t()) for h in range(weights.shape[0])])
+    return (sums.float() * scales.view(HEADS, 1, -1) * values.scales).transpose(1, 2)
+
+
+def test_a_rows_weighted_sum_does_not_depend_on_the_call_and_a_call_wide_scale_does():
+    values = quantize_values(float_values())
+    weights = peaked_weights()
+    assert rows_depending_on_the_call(integer_weighted_sum, weights, values) == []
+    assert len(rows_depending_on_the_call(call_scale_weighted_sum, weights, values)) > weights.shape[1] // 2
+
+
+def test_the_weighted_sum_is_the_stated_formula_in_float64():
+    values_t = float_values(seed=11)
+    quantized = quantize_values(values_t)
+    weights = peaked_weights(rows=8, seed=12)
+    base = weight_range() + 1
+    scales = weights.double().amax(dim=-1, keepdim=True) / (base * base - 1)
+    levels = torch.round(weights.double() / scales)
+    assert int(levels.max()) == base * base - 1 and int(levels.min()) >= 0
+    codes, channel_scales = quantize_rows(values_t.reshape(-1, FRAMES), QMAX)
+    exact = levels @ codes.double().view(HEADS, HEAD_DIM, FRAMES).transpose(1, 2)  # [H, R, D]
+    expected = exact * scales * channel_scales.double().view(HEADS, 1, HEAD_DIM)
+    assert torch.allclose(integer_weighted_sum(weights, quantized).double(), expected, rtol=1e-5, atol=1e-6)
+    assert quantized.shape == values_t.shape and quantized.codes.dtype == torch.int8
+
+
+def test_the_weighted_sum_stays_close_to_float_and_one_digit_weights_do_worse():
+    values_t = float_values(seed=13)
+    quantized = quantize_values(values_t)
+    weights = peaked_weights(seed=14)
+    exact = weights @ values_t.transpose(1, 2)
+    spread = values_t.abs().amax(dim=-1).unsqueeze(1)  # [H, 1, D]: each channel's range
+
+    def error(result: torch.Tensor) -> float:
+        return float(((result - exact).abs() / spread).max())
+
+    two_digits = error(integer_weighted_sum(weights, quantized))
+    assert two_digits < 0.01  # within a percent of each channel's range: the values' own rounding
+    assert error(one_digit_weighted_sum(weights, quantized)) > 2 * two_digits
+
+
+def test_attend_all_with_integer_values_is_a_rows_own_and_near_float():
+    keys = keys_with_a_shared_offset(seed=15)
+    values_t = float_values(seed=16)
+    queries = spread_queries(rows=16, seed=17) * 0.03
+    memory = (quantize_keys(keys), quantize_values(values_t))
+    integer = attend_all(queries, *memory, scale=1.0)
+    alone = torch.cat([attend_all(queries[:, at : at + 1], *memory, scale=1.0) for at in range(16)])
+    assert torch.equal(integer, alone)
+    floating = attend_all(queries, keys, values_t, scale=1.0)
+    assert float((integer - floating).abs().max()) < 0.05 * float(values_t.abs().max())

@@ -65,6 +65,48 @@ def test_a_row_is_masked_by_its_own_prefix_only():
         assert torch.equal(alone[0], together[i])
 
 
+WHISPER_BEGIN, WHISPER_VOCAB = 50364, 51865  # multilingual Whisper: <|0.00|>, vocabulary size
+WHISPER_RULES = TimestampRules(timestamp_begin=WHISPER_BEGIN, eot=50257, no_timestamps=50363)
+
+
+def reference_timestamps_win(row: torch.Tensor) -> bool:
+    """openai-whisper's formulation of the rule: on log-probabilities, in float64."""
+    logprobs = torch.log_softmax(row.double(), dim=-1)
+    return bool(torch.logsumexp(logprobs[WHISPER_BEGIN:], dim=-1) > logprobs[:WHISPER_BEGIN].max())
+
+
+def test_the_timestamp_mass_rule_decides_as_the_log_probability_formulation():
+    """The rule compares logits, without a softmax over the vocabulary; the reference compares
+    log-probabilities in float64. Rows around the decision: the timestamps' mass shifted over a
+    range that crosses the likeliest text token, so both outcomes occur."""
+    generator = torch.Generator().manual_seed(3)
+    rows = torch.randn(64, WHISPER_VOCAB, generator=generator)
+    rows[:, 100] += 9.0  # a clear best text token
+    rows[:, WHISPER_BEGIN:] += torch.linspace(-2.0, 5.0, 64).unsqueeze(1)
+    masked = rows.clone()
+    apply_timestamp_rules(WHISPER_RULES, masked, [[WHISPER_BEGIN, 100]] * 64)  # a segment's text: either may follow
+    decided = [bool(masked[i, 100] == INF) for i in range(64)]
+    assert decided == [reference_timestamps_win(rows[i]) for i in range(64)]
+    assert 0 < sum(decided) < 64
+    # control: a rule against the text's whole mass, not its likeliest token, decides otherwise
+    text_mass = [bool(torch.logsumexp(r[WHISPER_BEGIN:], 0) > torch.logsumexp(r[:WHISPER_BEGIN], 0)) for r in rows]
+    assert text_mass != decided
+
+
+def test_a_full_vocabulary_row_is_masked_alike_at_every_place_in_the_call():
+    """Rows of 51,865 logits sit at different memory alignments in one call; each is masked as alone."""
+    generator = torch.Generator().manual_seed(4)
+    rows = torch.randn(8, WHISPER_VOCAB, generator=generator)
+    rows[:, WHISPER_BEGIN:] += torch.linspace(1.5, 3.5, 8).unsqueeze(1)  # near the decision
+    together = rows.clone()
+    prefixes = [[WHISPER_BEGIN, 100]] * 8
+    apply_timestamp_rules(WHISPER_RULES, together, prefixes)
+    for i in range(8):
+        alone = rows[i : i + 1].clone()
+        apply_timestamp_rules(WHISPER_RULES, alone, [prefixes[i]])
+        assert torch.equal(alone[0], together[i])
+
+
 def test_split_keeps_complete_segments_and_seeks_to_the_last_complete_timestamp():
     # <|0.00|> a b <|1.00|><|1.00|> c <|2.00|><|2.40|> d   (cut by the window's end)
     tokens = [12, 1, 2, 62, 62, 3, 112, 132, 4]

@@ -31,7 +31,7 @@ from typing import Any, Protocol
 
 import torch
 
-from asyncspec.models.int8_attention import QuantizedKeys, integer_scores
+from asyncspec.models.int8_attention import QuantizedKeys, QuantizedValues, integer_scores, integer_weighted_sum
 
 ATTENTION_DTYPE = torch.float32  # scores, softmax and weighted sum; the cache is kept in it too
 
@@ -40,12 +40,12 @@ ATTENTION_DTYPE = torch.float32  # scores, softmax and weighted sum; the cache i
 class StaticKV:
     """Per-request keys/values: one [H_kv, slots, D_h] tensor per layer and kind, in ATTENTION_DTYPE.
     `cross` holds an encoder-decoder model's cross-attention keys [H_kv, T, D_h] (int8 engine:
-    QuantizedKeys) and values, transposed [H_kv, D_h, T] (attend_all's layout), per layer
-    (read-only, shareable)."""
+    QuantizedKeys) and values, transposed [H_kv, D_h, T] (attend_all's layout; int8 engine:
+    QuantizedValues), per layer (read-only, shareable)."""
 
     keys: list[torch.Tensor]
     values: list[torch.Tensor]
-    cross: list[tuple[torch.Tensor | QuantizedKeys, torch.Tensor]] = field(default_factory=list)
+    cross: list[tuple[torch.Tensor | QuantizedKeys, torch.Tensor | QuantizedValues]] = field(default_factory=list)
     attention: Any = None  # an attention_record.AttentionRecord where word timestamps are wanted
 
     @classmethod
@@ -75,13 +75,13 @@ class StaticKV:
         return StaticKV([k.clone() for k in self.keys], [v.clone() for v in self.values], self.cross, attention)
 
     def nbytes(self) -> int:
-        cross = [t for keys, values_t in self.cross for t in (*cross_tensors(keys), values_t)]
+        cross = [t for keys, values_t in self.cross for t in (*cross_tensors(keys), *cross_tensors(values_t))]
         tensors = [*self.keys, *self.values, *cross]
         return sum(t.numel() * t.element_size() for t in tensors)
 
 
-def cross_tensors(keys: torch.Tensor | QuantizedKeys) -> tuple[torch.Tensor, ...]:
-    return keys.tensors() if isinstance(keys, QuantizedKeys) else (keys,)
+def cross_tensors(memory: torch.Tensor | QuantizedKeys | QuantizedValues) -> tuple[torch.Tensor, ...]:
+    return (memory,) if isinstance(memory, torch.Tensor) else memory.tensors()
 
 
 @dataclass(frozen=True)
@@ -201,7 +201,7 @@ def row_positions(slots: Sequence[RowSlot], width: int, last_position: int | Non
 def attend_all(
     queries: torch.Tensor,  # [H, W, D_h] in the model's dtype
     keys: torch.Tensor | QuantizedKeys,  # [H_kv, T, D_h] ATTENTION_DTYPE, or the int8 engine's
-    values_t: torch.Tensor,  # [H_kv, D_h, T] ATTENTION_DTYPE: transposed, contiguous
+    values_t: torch.Tensor | QuantizedValues,  # [H_kv, D_h, T] ATTENTION_DTYPE: transposed, contiguous
     scale: float,
     observe: Callable[[torch.Tensor], None] | None = None,
     block: int | None = None,
@@ -235,7 +235,10 @@ def attend_all(
     weights = torch.softmax(scores * scale if scale != 1.0 else scores, dim=-1)  # per row: invariant
     if observe is not None:
         observe(weights.view(heads, width, -1))
-    out = torch.matmul(values_t, weights.transpose(1, 2)).transpose(1, 2)  # [H_kv, group * W, D_h]
+    if isinstance(values_t, QuantizedValues):  # the int8 engine's: exact at any width
+        out = integer_weighted_sum(weights, values_t)
+    else:
+        out = torch.matmul(values_t, weights.transpose(1, 2)).transpose(1, 2)  # [H_kv, group * W, D_h]
     return out.reshape(heads, width, head_dim).transpose(0, 1).reshape(width, heads * head_dim)
 
 

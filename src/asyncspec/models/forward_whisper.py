@@ -21,14 +21,14 @@ from asyncspec.models.fixed_shape import (
     row_positions,
     write_rows,
 )
-from asyncspec.models.int8_attention import QuantizedKeys, quantize_keys
+from asyncspec.models.int8_attention import QuantizedKeys, QuantizedValues, quantize_keys, quantize_values
 from asyncspec.models.int8_linear import shared_input
 
 
 class WhisperBlockForward:
     def __init__(self, model: Any, block_rows: int | None = None, integer_scores: bool = False):
-        """model: ours or transformers' Whisper. integer_scores: cross-attention scores in int8
-        (int8_attention.py), for the int8 engine."""
+        """model: ours or transformers' Whisper. integer_scores: cross-attention scores and weighted
+        sums in int8 (int8_attention.py), for the int8 engine."""
         self.decoder = model.model.decoder
         # the decoding call's width: a stacked call's cross-attention runs one block at a time
         self.block_rows = block_rows
@@ -53,7 +53,10 @@ class WhisperBlockForward:
             # values transposed once here: attend_all multiplies with the call's rows as columns
             values_t = self._heads(values).to(ATTENTION_DTYPE).transpose(1, 2).contiguous()
             keys = self._heads(keys).to(ATTENTION_DTYPE)
-            cache.cross.append((quantize_keys(keys) if self.integer_scores else keys, values_t))
+            if self.integer_scores:
+                cache.cross.append((quantize_keys(keys), quantize_values(values_t)))
+            else:
+                cache.cross.append((keys, values_t))
         return cache
 
     def _heads(self, x: torch.Tensor) -> torch.Tensor:
@@ -93,7 +96,7 @@ class WhisperBlockForward:
         self,
         layer,
         h,
-        cross: tuple[torch.Tensor | QuantizedKeys, torch.Tensor],
+        cross: tuple[torch.Tensor | QuantizedKeys, torch.Tensor | QuantizedValues],
         slots: Sequence[RowSlot],
         index: int,
         block: int | None,

@@ -15,9 +15,18 @@ which holds on the kernels measured, not by construction. Here each step is a fu
 - the sums are scaled by the row's and then the key's scale, each its own correctly rounded
   multiply per element.
 
-The weights stay fp32 (softmax per row), and the weighted sum of the values stays attend_all's
-float product: rounding the weights to 8 bits per row would drop a peaked row's tail, which can
-carry a tenth of its mass.
+The weights are computed in fp32 (softmax per row). Their sum over the values is in integers too
+(`integer_weighted_sum`): in float it was the largest product of a call (Zen 4 capped to VNNI, one
+thread: 0.4-0.6 ms a layer, the 3 MB of fp32 values streamed per layer), and it too was a row's own
+only because its rows sat in a GEMM's columns.
+
+- the values are quantized per channel over the frames (each channel of a head by its own absmax),
+  once per window: the encoder output's alone, as a linear's weight per output channel;
+- a row's weights are quantized by their own max to 14 bits (7 under a saturating AVX2 kernel's
+  weight range: 12), split into two int8 digits, hi * base + lo: rounding them to one 8-bit digit
+  would drop a peaked row's tail, which can carry a tenth of its mass;
+- int8 x int8 sums of each digit in int32 (|sum| <= T * 127 * 127), then hi * base + lo and the
+  two scales, one correctly rounded operation per element each.
 """
 
 from __future__ import annotations
@@ -26,7 +35,7 @@ from dataclasses import dataclass
 
 import torch
 
-from asyncspec.models.int8_linear import quantize_rows, weight_range
+from asyncspec.models.int8_linear import QMAX, TINY, quantize_rows, weight_range
 
 
 @dataclass(frozen=True)
@@ -67,5 +76,45 @@ def integer_scores(queries: torch.Tensor, keys: QuantizedKeys) -> torch.Tensor:
     sums = torch.empty((heads, rows, keys.codes.shape[2]), dtype=torch.int32)
     for head in range(heads):
         torch._int_mm(codes[head], keys.codes[head], out=sums[head])
-    scores = sums.float() * row_scales.view(heads, rows, 1)
-    return scores * keys.scales
+    scores = torch.mul(sums, row_scales.view(heads, rows, 1))  # int32 x fp32: converted and multiplied in one pass
+    return scores.mul_(keys.scales)
+
+
+@dataclass(frozen=True)
+class QuantizedValues:
+    """One layer's cross-attention values: int8 codes [H_kv, D_h, T] (each channel a row, torch._int_mm's
+    [M, K] operand, so the full range: the saturating AVX2 kernel limits the other operand) and each
+    channel's scale, fp32 [H_kv, D_h, 1]."""
+
+    codes: torch.Tensor
+    scales: torch.Tensor
+
+    @property
+    def shape(self) -> torch.Size:
+        """[H_kv, D_h, T], as the transposed float values it stands for."""
+        return self.codes.shape
+
+    def tensors(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.codes, self.scales
+
+
+def quantize_values(values_t: torch.Tensor) -> QuantizedValues:
+    """values fp32 [H_kv, D_h, T] -> QuantizedValues (each channel over the frames by its own absmax)."""
+    heads, head_dim, frames = values_t.shape
+    codes, scales = quantize_rows(values_t.reshape(heads * head_dim, frames), QMAX)
+    return QuantizedValues(codes.view(heads, head_dim, frames), scales.view(heads, head_dim, 1))
+
+
+def integer_weighted_sum(weights: torch.Tensor, values: QuantizedValues) -> torch.Tensor:
+    """weights fp32 [H_kv, R, T] (each row a softmax: >= 0) -> sum_t w[r, t] v[t] fp32 [H_kv, R, D_h]."""
+    heads, rows, _ = weights.shape
+    base = weight_range() + 1  # each digit in [0, base - 1]: within the weight range of the B operand
+    scales = weights.amax(dim=-1, keepdim=True).clamp_(min=TINY).div_(base * base - 1)
+    levels = torch.div(weights, scales).round_()  # in [0, base^2 - 1], as quantize_rows' bound
+    high = levels.mul(1.0 / base).floor_()  # exact: base is a power of two, the levels below 2^14
+    digits = torch.cat((high, levels.sub_(high * base)), dim=1).to(torch.int8)  # [H_kv, 2R, T]: hi rows, lo rows
+    sums = torch.empty((heads, values.codes.shape[1], 2 * rows), dtype=torch.int32)
+    for head in range(heads):
+        torch._int_mm(values.codes[head], digits[head].t(), out=sums[head])
+    out = torch.mul(sums[:, :, :rows], float(base)).add_(sums[:, :, rows:])  # [H_kv, D_h, R]
+    return out.mul_(scales.transpose(1, 2)).mul_(values.scales).transpose(1, 2)

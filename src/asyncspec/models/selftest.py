@@ -234,8 +234,9 @@ def probe_prompt(backend) -> list[int]:
 # Bumped when the engine's arithmetic or the report's fields change, so that a verdict cached for
 # other arithmetic is measured again (2: cross-attention with the rows as columns; partial stacks;
 # 3: packed stacks, the batch check at the wide thread count too; 4: a probe prompt of two prefill
-# blocks, attended by attend_prompt; 5: a stacked call's cross-attention one block at a time).
-VERDICT_REVISION = 5
+# blocks, attended by attend_prompt; 5: a stacked call's cross-attention one block at a time; 6: the
+# int8 engine's cross-attention weighted sums in integers).
+VERDICT_REVISION = 6
 
 
 def machine_identity() -> dict:

@@ -76,9 +76,13 @@ def _pairing_and_order(rules: TimestampRules, row: torch.Tensor, sampled: Sequen
 
 def _timestamps_over_text(begin: int, logits: torch.Tensor) -> None:
     """Where the timestamps' summed probability beats the likeliest text token, only a timestamp
-    may follow. Row by row, each on a fresh contiguous copy: a vectorised reduction's result can
-    depend on the row's memory alignment, which here would depend on its place in the call."""
+    may follow. Both sides are log-probabilities, shifted by the row's log-partition, which cancels:
+    so the rule compares the timestamps' log-sum-exp of the logits with the text's largest logit,
+    without a softmax over the vocabulary (a row's log_softmax was most of this rule's 1.2 ms per
+    8-row call). The max is exact in any order, one reduction for all rows; the log-sum-exp is a
+    vectorised sum, taken row by row on a fresh contiguous copy: its result can depend on the
+    row's memory alignment, which here would depend on the row's place in the call."""
+    best_text = logits[:, :begin].amax(dim=-1)
     for row in range(logits.shape[0]):
-        logprobs = torch.log_softmax(logits[row].clone(), dim=-1)
-        if torch.logsumexp(logprobs[begin:], dim=-1) > logprobs[:begin].max():
+        if torch.logsumexp(logits[row, begin:].clone(), dim=-1) > best_text[row]:
             logits[row, :begin] = float("-inf")
