@@ -112,7 +112,9 @@ def integer_weighted_sum(weights: torch.Tensor, values: QuantizedValues) -> torc
     scales = weights.amax(dim=-1, keepdim=True).clamp_(min=TINY).div_(base * base - 1)
     levels = torch.div(weights, scales).round_()  # in [0, base^2 - 1], as quantize_rows' bound
     high = levels.mul(1.0 / base).floor_()  # exact: base is a power of two, the levels below 2^14
-    digits = torch.cat((high, levels.sub_(high * base)), dim=1).to(torch.int8)  # [H_kv, 2R, T]: hi rows, lo rows
+    digits = torch.empty((heads, 2 * rows, weights.shape[2]), dtype=torch.int8)  # hi rows, then lo rows
+    digits[:, :rows] = high
+    digits[:, rows:] = levels.sub_(high, alpha=base)  # exact: integers below 2^14
     sums = torch.empty((heads, values.codes.shape[1], 2 * rows), dtype=torch.int32)
     for head in range(heads):
         torch._int_mm(values.codes[head], digits[head].t(), out=sums[head])
