@@ -165,3 +165,18 @@ def test_a_rounded_encoder_is_not_placed_again():
     place(encoder, "bf16")  # where it is already: nothing to round
     with pytest.raises(ValueError, match="bfloat16 already"):
         place(encoder, "fp32")
+
+
+def test_a_placement_timed_under_other_openmp_settings_is_not_read(tmp_path, monkeypatch):
+    """The test suite runs with OMP_WAIT_POLICY=PASSIVE on busy cores; its timings must not place the
+    encoder of a quiet run without it (they once kept bf16 on one thread: 687 ms a window where two
+    threads take ~430). Control: the same settings read the same entry."""
+    from asyncspec.models.encoder_placement import _cache_file
+
+    monkeypatch.setenv("ASYNCSPEC_CACHE", str(tmp_path))
+    target = tiny_whisper(torch.float32, seed=3)
+    monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")
+    passive = _cache_file(target)
+    assert _cache_file(target) == passive
+    monkeypatch.delenv("OMP_WAIT_POLICY")
+    assert _cache_file(target) != passive

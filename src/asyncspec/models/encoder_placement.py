@@ -28,7 +28,7 @@ import torch
 from asyncspec.models.cache_entries import entry_path
 from asyncspec.models.int8_linear import Int8Linear, quantize_linears
 from asyncspec.models.precision_choice import median_seconds
-from asyncspec.models.threads import available_cores, torch_threads
+from asyncspec.models.threads import available_cores, openmp_settings, torch_threads
 
 # the dtype each candidate's input and float layers run in
 ENCODER_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "int8": torch.float32}
@@ -40,8 +40,11 @@ FRAMES = 1500  # a 30 s window's encoder frames: the rows of each encoder linear
 # EPYC measured int8 at 386 and 457 ms and bf16 at 434 and 358 ms, so a smaller lead is noise
 INT8_SHARE = 0.8
 # bumped when a candidate's cost changes: 2, int8 linears in place (an int8 pass 438 -> 337 ms on
-# a 2-core Zen 4 capped to VNNI), which may now beat a float encoder it lost to
-REVISION = 2
+# a 2-core Zen 4 capped to VNNI), which may now beat a float encoder it lost to; 3, the OpenMP
+# settings in the key: an entry timed by the test suite (OMP_WAIT_POLICY=PASSIVE, two workers) had
+# every encoder slower on two threads than on one, and a quiet bench then ran bf16 on one thread,
+# 687 ms a window where two threads take ~430
+REVISION = 3
 
 
 @dataclass(frozen=True)
@@ -233,7 +236,8 @@ def _cache_file(backend):
     from asyncspec.models.selftest import machine_key
 
     # not the caller's torch threads: a CLI on one thread and a test on two must place it alike
-    key = machine_key(backend) | {"what": "encoder placement", "threads": thread_candidates(), "revision": REVISION}
+    asked = {"what": "encoder placement", "threads": thread_candidates(), "openmp": openmp_settings()}
+    key = machine_key(backend) | asked | {"revision": REVISION}
     return entry_path("placement", key)
 
 

@@ -22,6 +22,7 @@ import torch
 
 from asyncspec.models.cache_entries import entry_path, keep_first
 from asyncspec.models.int8_linear import TIMING_ROWS, Int8Linear, products_exact
+from asyncspec.models.threads import openmp_settings
 
 REPEATS = 5
 ROUNDS = 3  # candidates timed in turn, this many times: a stall during one pass cannot decide
@@ -117,7 +118,7 @@ def choose_precision(model_dir: str | Path) -> PrecisionChoice:
 def _cache_file(shapes: list[tuple[int, int]]) -> Path:
     from asyncspec.models.selftest import machine_identity
 
-    return entry_path("precision", machine_identity() | {"shapes": shapes})
+    return entry_path("precision", machine_identity() | {"shapes": shapes, "openmp": openmp_settings()})
 
 
 def _read(path: Path) -> PrecisionChoice | None:
