@@ -26,13 +26,13 @@ from asyncspec.models.int8_linear import shared_input
 
 
 class WhisperBlockForward:
-    def __init__(self, model: Any, block_rows: int | None = None, integer_scores: bool = False):
-        """model: ours or transformers' Whisper. integer_scores: cross-attention scores and weighted
+    def __init__(self, model: Any, block_rows: int | None = None, integer_attention: bool = False):
+        """model: ours or transformers' Whisper. integer_attention: cross-attention scores and weighted
         sums in int8 (int8_attention.py), for the int8 engine."""
         self.decoder = model.model.decoder
         # the decoding call's width: a stacked call's cross-attention runs one block at a time
         self.block_rows = block_rows
-        self.integer_scores = integer_scores
+        self.integer_attention = integer_attention
         config = model.config
         self.heads = config.decoder_attention_heads
         self.head_dim = config.d_model // self.heads
@@ -50,10 +50,11 @@ class WhisperBlockForward:
         projections = [linear for attention in attentions for linear in (attention.k_proj, attention.v_proj)]
         projected = shared_input(projections, context[0].to(self.dtype))
         for keys, values in zip(projected[::2], projected[1::2], strict=True):
-            # values transposed once here: attend_all multiplies with the call's rows as columns
+            # values transposed once here: attend_all multiplies with the call's rows as columns (float),
+            # and the int8 engine quantizes each channel, now a row, over the frames
             values_t = self._heads(values).to(ATTENTION_DTYPE).transpose(1, 2).contiguous()
             keys = self._heads(keys).to(ATTENTION_DTYPE)
-            if self.integer_scores:
+            if self.integer_attention:
                 cache.cross.append((quantize_keys(keys), quantize_values(values_t)))
             else:
                 cache.cross.append((keys, values_t))

@@ -229,7 +229,7 @@ class WhisperBackend(KVBackend):
         return CallShape(width=DEFAULT_WIDTH, prefill_width=PREFILL_WIDTH, capacity=self.max_length)
 
     def _block_forward(self, shape: CallShape) -> WhisperBlockForward:
-        return WhisperBlockForward(self.model, block_rows=shape.width, integer_scores=self.precision == "int8")
+        return WhisperBlockForward(self.model, block_rows=shape.width, integer_attention=self.precision == "int8")
 
     def _dynamic_cache(self) -> Any:
         from transformers import DynamicCache, EncoderDecoderCache
