@@ -298,7 +298,7 @@ SCOPE_SECONDS = {
     "test_exactness": 13,
     "test_ondemand_service": 13,
     "test_sandbox": 13,
-    "test_longform_set": 12,
+    "test_longform_set": 30,
     "test_bench_cloud": 12,
     "test_hardening_auth": 11,
     "test_decoupling": 11,

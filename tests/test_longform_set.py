@@ -12,6 +12,7 @@ import soundfile
 
 from asyncspec.audio import SAMPLE_RATE
 from asyncspec.data.longform_set import (
+    LARGE_RECORDINGS,
     build_longform_set,
     file_transcript,
     longest_silence_s,
@@ -23,8 +24,9 @@ from asyncspec.data.longform_texts import RECORDINGS
 
 @pytest.fixture(scope="session")
 def longform(tmp_path_factory):
+    """The large set: the three recordings `bench e2e` runs by default and five more."""
     directory = tmp_path_factory.mktemp("longform")
-    return directory, longform_files(directory)
+    return directory, longform_files(directory, LARGE_RECORDINGS)
 
 
 def manifest(wav) -> dict:
@@ -50,12 +52,15 @@ def test_the_real_recordings_take_their_own_transcriptions():
 
 
 @pytest.mark.real
-def test_the_set_has_three_long_recordings_with_their_references(longform):
+def test_the_sets_have_three_and_eight_long_recordings_with_their_references(longform):
     _, files = longform
-    assert [wav.stem for wav, _ in files] == list(RECORDINGS)
+    assert [wav.stem for wav, _ in files][:3] == list(RECORDINGS) and len(files) == len(LARGE_RECORDINGS) == 8
     durations = [soundfile.info(str(wav)).duration for wav, _ in files]
     assert all(duration >= 120 for duration in durations), durations
-    assert sum(durations) <= 9 * 60
+    assert sum(durations[:3]) <= 9 * 60 and sum(durations) <= 20 * 60
+    assert sum(len(reference.split()) for _, reference in files) >= 2.5 * sum(
+        len(reference.split()) for _, reference in files[:3]
+    )
     for wav, reference in files:
         info = soundfile.info(str(wav))
         assert (info.samplerate, info.channels) == (SAMPLE_RATE, 1)
@@ -100,5 +105,6 @@ def test_the_recordings_pause_briefly_and_at_length(longform):
 def test_a_current_set_is_reused_not_rebuilt(longform):
     directory, files = longform
     before = {wav: wav.stat().st_mtime_ns for wav, _ in files}
-    assert build_longform_set(directory) == [wav for wav, _ in files]
+    assert build_longform_set(directory) == [wav for wav, _ in files][:3]
+    assert build_longform_set(directory, LARGE_RECORDINGS) == [wav for wav, _ in files]
     assert {wav: wav.stat().st_mtime_ns for wav, _ in files} == before

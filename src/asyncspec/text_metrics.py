@@ -72,6 +72,34 @@ def edit_distance(reference: Sequence[str], hypothesis: Sequence[str]) -> int:
     return previous[-1]
 
 
+def errors_at_reference_words(reference: Sequence[str], hypothesis: Sequence[str]) -> list[int]:
+    """Per reference word, the word edits one minimal alignment places there: a substitution or
+    deletion at its word, an insertion at the reference word that follows it (at the last word when
+    it follows them all). Summed, they are `edit_distance` (for a non-empty reference), and any
+    stretch of the reference can be given its own errors: the unit of a paired WER comparison."""
+    if not reference:
+        return []
+    table = [list(range(len(hypothesis) + 1))]
+    for i, ref_word in enumerate(reference, 1):
+        row = [i]
+        for j, hyp_word in enumerate(hypothesis, 1):
+            row.append(min(table[-1][j] + 1, row[j - 1] + 1, table[-1][j - 1] + (ref_word != hyp_word)))
+        table.append(row)
+    errors = [0] * len(reference)
+    i, j = len(reference), len(hypothesis)
+    while i or j:
+        if i and j and table[i][j] == table[i - 1][j - 1] + (reference[i - 1] != hypothesis[j - 1]):
+            errors[i - 1] += reference[i - 1] != hypothesis[j - 1]
+            i, j = i - 1, j - 1
+        elif i and table[i][j] == table[i - 1][j] + 1:
+            errors[i - 1] += 1  # deleted
+            i -= 1
+        else:
+            errors[min(i, len(reference) - 1)] += 1  # inserted before reference word i
+            j -= 1
+    return errors
+
+
 def common_subsequence(reference: Sequence[str], hypothesis: Sequence[str]) -> int:
     """Length of the longest common subsequence: the reference words found in order."""
     previous = [0] * (len(hypothesis) + 1)

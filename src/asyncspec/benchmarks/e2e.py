@@ -59,7 +59,10 @@ def add_arguments(parser) -> None:
         help="interleaved: file by file, systems in rotating order (fair under load); streams: system by system",
     )
     parser.add_argument(
-        "--set", default="longform", choices=FILE_SETS, help="built-in files: long-form recordings, or short clips"
+        "--set",
+        default="longform",
+        choices=FILE_SETS,
+        help="built-in files: long-form recordings (three; longform-large: eight), or short clips",
     )
     parser.add_argument(
         "--cold",

@@ -1,5 +1,6 @@
 """The files `asyncspec bench e2e` transcribes: a folder of the user's, the long-form set (the
-default) or the short LibriVox files (the clips and 10-25 s windows joined from them)."""
+default; `longform-large` adds five recordings) or the short LibriVox files (the clips and 10-25 s
+windows joined from them)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from asyncspec.audio import SAMPLE_RATE
 from asyncspec.errors import InputError
 
 AUDIO_SUFFIXES = {".wav", ".flac", ".ogg", ".mp3"}
-FILE_SETS = ("longform", "short")
+FILE_SETS = ("longform", "longform-large", "short")
 
 
 @dataclass(frozen=True)
@@ -25,16 +26,21 @@ def bench_files(audio_dir: str | None, file_set: str, out: Path) -> list[BenchFi
     """--audio DIR, else the built-in set: the long-form recordings, or the short LibriVox files."""
     if audio_dir:
         return directory_files(Path(audio_dir))
-    return longform_files(out / "longform") if file_set == "longform" else librivox_files(out / "audio")
+    if file_set == "short":
+        return librivox_files(out / "audio")
+    return longform_files(out / "longform", large=file_set == "longform-large")
 
 
-def longform_files(folder: Path) -> list[BenchFile]:
-    """The long-form set (data/longform_set.py): 2-3 minute recordings, several voices, pauses."""
+def longform_files(folder: Path, large: bool = False) -> list[BenchFile]:
+    """The long-form set (data/longform_set.py): 2-3 minute recordings, several voices, pauses;
+    `large`, eight of them instead of three (for comparing precisions' WER)."""
     import soundfile
 
+    from asyncspec.data.longform_set import LARGE_RECORDINGS, RECORDINGS
     from asyncspec.data.longform_set import longform_files as built
 
-    return [BenchFile(path, soundfile.info(str(path)).duration, text) for path, text in built(folder)]
+    pairs = built(folder, LARGE_RECORDINGS if large else RECORDINGS)
+    return [BenchFile(path, soundfile.info(str(path)).duration, text) for path, text in pairs]
 
 
 def directory_files(directory: Path) -> list[BenchFile]:

@@ -25,6 +25,7 @@ import soundfile
 
 from asyncspec.audio import SAMPLE_RATE, load_audio
 from asyncspec.data.librivox import read_transcription
+from asyncspec.data.longform_extra_texts import EXTRA_RECORDINGS
 from asyncspec.data.longform_texts import RECORDINGS, Piece
 from asyncspec.errors import InputError
 
@@ -39,19 +40,24 @@ QUIET_DB = -40.0
 PEAK = 0.6  # every piece is brought to the same peak, so that a voice change is not a level jump
 NOISE_FLOOR = 3e-4  # room tone (about -70 dBFS RMS) under everything: real pauses are never digital zero
 ESPEAK_WPM = 150
+Recordings = dict[str, tuple[Piece, ...]]
 PACKAGES = "pocketsphinx-testdata festival festvox-us-slt-hts festvox-kallpc16k espeak-ng"
 BUILD_VERSION = 1  # bump when the build itself (not the script) changes what it writes
 
 
-def longform_files(directory: Path) -> list[tuple[Path, str]]:
+LARGE_RECORDINGS = RECORDINGS | EXTRA_RECORDINGS
+
+
+def longform_files(directory: Path, recordings: Recordings = RECORDINGS) -> list[tuple[Path, str]]:
     """(wav path, reference text) for every recording, built into `directory` when missing."""
-    return [(path, path.with_suffix(".txt").read_text()) for path in build_longform_set(directory)]
+    return [(path, path.with_suffix(".txt").read_text()) for path in build_longform_set(directory, recordings)]
 
 
-def build_longform_set(directory: Path) -> list[Path]:
-    """The recordings' WAV paths in a fixed order; each is built unless a current one is there."""
+def build_longform_set(directory: Path, recordings: Recordings = RECORDINGS) -> list[Path]:
+    """The recordings' WAV paths in a fixed order; each is built unless a current one is there.
+    `LARGE_RECORDINGS` adds five (longform_extra_texts.py) for quality comparisons."""
     directory.mkdir(parents=True, exist_ok=True)
-    return [_ensure(directory, name, script) for name, script in RECORDINGS.items()]
+    return [_ensure(directory, name, script) for name, script in recordings.items()]
 
 
 def script_digest(name: str, script: tuple[Piece, ...]) -> str:
