@@ -24,8 +24,8 @@ only because its rows sat in a GEMM's columns.
   once per window: the encoder output's alone, as a linear's weight per output channel;
 - a row's weights are quantized by their own max to 14 bits, split into two 7-bit digits,
   hi * base + lo (two 6-bit digits, 12 bits, within a saturating AVX2 kernel's weight range):
-  rounding them to one 8-bit digit
-  would drop a peaked row's tail, which can carry a tenth of its mass;
+  rounding them to one 8-bit digit would drop a peaked row's tail, which can carry a tenth of its
+  mass;
 - int8 x int8 sums of each digit in int32 (|sum| <= T * 127 * 127), then hi * base + lo and the
   two scales, one correctly rounded operation per element each.
 """
