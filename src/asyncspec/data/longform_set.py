@@ -1,7 +1,8 @@
 """The long-form evaluation set: three recordings of 2-3 minutes, each with several voices,
 pauses of 0.3-4 s and speaker changes, one of them a two-voice theatre dialogue (the scripts:
-`longform_texts.py`). Built for `bench e2e`, where a transcriber must not lose speech across its
-30 s windows: the case short clips never test.
+`longform_texts.py`); `LARGE_RECORDINGS` adds five more (`longform_extra_texts.py`). Built for
+`bench e2e`, where a transcriber must not lose speech across its 30 s windows: the case short clips
+never test.
 
 Each recording `<name>.wav` (16 kHz mono PCM-16) comes with `<name>.txt`, the exact spoken text
 (the reference), and `<name>.json`, its pieces with start and end times, voices and sources. The
@@ -40,12 +41,11 @@ QUIET_DB = -40.0
 PEAK = 0.6  # every piece is brought to the same peak, so that a voice change is not a level jump
 NOISE_FLOOR = 3e-4  # room tone (about -70 dBFS RMS) under everything: real pauses are never digital zero
 ESPEAK_WPM = 150
-Recordings = dict[str, tuple[Piece, ...]]
 PACKAGES = "pocketsphinx-testdata festival festvox-us-slt-hts festvox-kallpc16k espeak-ng"
 BUILD_VERSION = 1  # bump when the build itself (not the script) changes what it writes
 
-
-LARGE_RECORDINGS = RECORDINGS | EXTRA_RECORDINGS
+Recordings = dict[str, tuple[Piece, ...]]
+LARGE_RECORDINGS: Recordings = RECORDINGS | EXTRA_RECORDINGS
 
 
 def longform_files(directory: Path, recordings: Recordings = RECORDINGS) -> list[tuple[Path, str]]:
