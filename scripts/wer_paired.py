@@ -14,7 +14,7 @@ import json
 import sys
 from pathlib import Path
 
-from asyncspec.benchmarks.paired_wer import compare, reference_units, unit_errors
+from asyncspec.benchmarks.paired_wer import compare
 
 
 def transcriptions(result: dict, system: str) -> dict[str, str]:
@@ -42,15 +42,12 @@ def main() -> None:
     missing = [name for name in refs if name not in texts_a or name not in texts_b or refs_b.get(name) != refs[name]]
     if missing or not refs:
         sys.exit(f"not comparable: {', '.join(missing) or 'no references'} missing or with another reference in B")
+    paired = compare([(refs[n], texts_a[n], texts_b[n]) for n in refs], resamples=args.resamples)
     rows = []
     print(f"{'recording':<16} {'words':>6} {'errors a':>9} {'errors b':>9}")
-    for name, reference in refs.items():
-        units = reference_units(reference)
-        errors_a, errors_b = sum(unit_errors(units, texts_a[name])), sum(unit_errors(units, texts_b[name]))
-        words = sum(map(len, units))
+    for name, (errors_a, errors_b, words) in zip(refs, paired.recordings, strict=True):
         rows.append({"file": name, "words": words, "errors_a": errors_a, "errors_b": errors_b})
         print(f"{name:<16} {words:>6} {errors_a:>9} {errors_b:>9}")
-    paired = compare([(refs[n], texts_a[n], texts_b[n]) for n in refs], resamples=args.resamples)
     print(
         f"WER a {100 * paired.errors_a / paired.words:.2f} %, b {100 * paired.errors_b / paired.words:.2f} %: "
         f"b - a = {100 * paired.difference:+.2f} points, 95 % interval [{100 * paired.low:+.2f}, "

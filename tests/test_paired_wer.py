@@ -57,6 +57,7 @@ def _recordings(seed: int, drop_every: int | None) -> list[tuple[str, str, str]]
 def test_equally_good_transcriptions_give_an_interval_around_zero():
     result = compare(_recordings(seed=1, drop_every=None))
     assert result.errors_a > 10 and result.errors_b > 10
+    assert tuple(map(sum, zip(*result.recordings, strict=True))) == (result.errors_a, result.errors_b, result.words)
     assert result.low < 0 < result.high and 0.05 < result.b_worse_share < 0.95
 
 

@@ -33,6 +33,7 @@ class PairedWer:
     low: float  # 95 % interval of WER(b) - WER(a), as fractions
     high: float
     b_worse_share: float  # share of resamples in which b made more errors than a
+    recordings: tuple[tuple[int, int, int], ...]  # (errors a, errors b, words) of each recording, in order
 
     @property
     def difference(self) -> float:
@@ -61,9 +62,12 @@ def unit_errors(units: Sequence[Sequence[str]], hypothesis: str) -> list[int]:
 def compare(recordings: Sequence[tuple[str, str, str]], resamples: int = 10_000, seed: int = 0) -> PairedWer:
     """`recordings`: (reference, transcription a, transcription b) for each recording."""
     rows: list[tuple[int, int, int]] = []
+    per_recording: list[tuple[int, int, int]] = []
     for reference, text_a, text_b in recordings:
         units = reference_units(reference)
-        rows += zip(unit_errors(units, text_a), unit_errors(units, text_b), map(len, units), strict=True)
+        found = list(zip(unit_errors(units, text_a), unit_errors(units, text_b), map(len, units), strict=True))
+        per_recording.append((sum(r[0] for r in found), sum(r[1] for r in found), sum(r[2] for r in found)))
+        rows += found
     if not rows:
         raise ValueError("no reference words to compare on")
     table = np.array(rows, dtype=np.int64)
@@ -80,4 +84,5 @@ def compare(recordings: Sequence[tuple[str, str, str]], resamples: int = 10_000,
         low=float(low),
         high=float(high),
         b_worse_share=float(np.mean(errors_b > errors_a)),
+        recordings=tuple(per_recording),
     )
