@@ -3,6 +3,7 @@ equal to target-only, faster-whisper on the same weights when the bench extra is
 
 from __future__ import annotations
 
+import argparse
 import json
 import shutil
 
@@ -89,6 +90,21 @@ def test_hidden_files_in_the_audio_folder_are_not_recordings(one_clip, capsys):
 
 def test_as2d_brings_its_reference():
     assert parse_systems("as2d")[:2] == ["target", "as2d"]
+
+
+def test_given_every_core_the_decoder_chooses_its_threads_as_transcribe_does(monkeypatch):
+    """The bench runs asyncspec as its CLI runs by default: with every core, the decoder's solo
+    count is left to measurement (cold and warm alike); only a narrower --threads is imposed."""
+    monkeypatch.setattr(e2e, "available_cores", lambda: 4)
+    args = argparse.Namespace(
+        model="whisper-base", dtype="auto", encoder="auto", producer_model="whisper-tiny.en", chunk_s=None, budget=None
+    )
+    assert e2e.solo_threads(4) is None and "--solo-threads" not in e2e._cold_options(
+        argparse.Namespace(**vars(args), threads=4)
+    )
+    assert e2e.solo_threads(2) == 2
+    narrowed = e2e._cold_options(argparse.Namespace(**vars(args), threads=2))
+    assert narrowed[narrowed.index("--solo-threads") + 1] == "2"
 
 
 def test_without_faster_whisper_the_asyncspec_systems_still_run(monkeypatch, capsys):

@@ -122,7 +122,7 @@ def test_the_thread_check_catches_a_prompt_attention_that_follows_the_thread_cou
 @pytest.mark.parametrize("dtype", [INT8_REAL, REAL_DTYPE])
 def test_a_long_real_prompt_prefills_to_the_same_bits_on_one_and_two_threads(dtype, monkeypatch):
     """As²d prefills a window beside the producer on one thread and target-only alone on two: a
-    long-form window's prompt (223 tokens of previous text, seven prefill blocks) must give the
+    long-form window's prompt (223 tokens of previous text, two prefill blocks) must give the
     same keys, values and first logits at both counts, where the self-test let the decoder use both."""
     from asyncspec.data.librivox import librivox_clips
     from asyncspec.models.registry import load_decoder
@@ -136,7 +136,7 @@ def test_a_long_real_prompt_prefills_to_the_same_bits_on_one_and_two_threads(dty
             pytest.skip(f"{dtype}: the self-test keeps the decoder on one thread here")
     text = decoder.tokenizer.encode(" " + " ".join(clip.transcript for clip in librivox_clips())) * 3
     prompt = list(decoder.prompt_ids(timestamps=True, previous=text))
-    assert len(prompt) > 6 * decoder.engine.shape.prefill_width  # 223 of previous text and the start
+    assert len(prompt) > 223 and len(fixed_shape.prefill_blocks(len(prompt) - 1, decoder.engine.shape)) == 2
 
     def same_at_one_and_two_threads() -> bool:
         states = []
@@ -151,3 +151,18 @@ def test_a_long_real_prompt_prefills_to_the_same_bits_on_one_and_two_threads(dty
     assert same_at_one_and_two_threads()
     _thread_dependent_past_one_block(monkeypatch, forward_whisper)  # the control: the comparison can fail
     assert not same_at_one_and_two_threads()
+
+
+def test_prompt_blocks_follow_the_length_alone():
+    """A prompt is cut into full prefill blocks, then the rows left rounded up to the decoding
+    width: never a padded block wider than the prompt needs, the same blocks for every prompt of
+    a length (every run of a request prefills alike)."""
+    shape = fixed_shape.CallShape(width=8, prefill_width=128, capacity=448)
+    assert fixed_shape.prefill_blocks(0, shape) == []
+    assert fixed_shape.prefill_blocks(3, shape) == [8]
+    assert fixed_shape.prefill_blocks(128, shape) == [128]
+    assert fixed_shape.prefill_blocks(226, shape) == [128, 104]
+    for length in range(1, 600):
+        blocks = fixed_shape.prefill_blocks(length, shape)
+        assert 0 <= sum(blocks) - length < shape.width and all(b % shape.width == 0 for b in blocks)
+        assert all(b == shape.prefill_width for b in blocks[:-1]) and blocks[-1] <= shape.prefill_width

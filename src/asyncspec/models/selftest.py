@@ -235,8 +235,9 @@ def probe_prompt(backend) -> list[int]:
 # other arithmetic is measured again (2: cross-attention with the rows as columns; partial stacks;
 # 3: packed stacks, the batch check at the wide thread count too; 4: a probe prompt of two prefill
 # blocks, attended by attend_prompt; 5: a stacked call's cross-attention one block at a time; 6: the
-# int8 engine's cross-attention weighted sums in integers).
-VERDICT_REVISION = 6
+# int8 engine's cross-attention weighted sums in integers; 7: prompt blocks fitted to the prompt,
+# Whisper's up to 128 rows).
+VERDICT_REVISION = 7
 
 
 def machine_identity() -> dict:
