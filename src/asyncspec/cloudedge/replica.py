@@ -7,6 +7,7 @@ needs no Ray: the front wraps the class with `ray.remote`."""
 from __future__ import annotations
 
 import os
+import secrets
 from typing import Any
 
 from asyncspec.cloudedge import protocol as wire
@@ -48,23 +49,41 @@ class Replica:
         self.cloud = CloudVerifier(target, config)
         self.outbox = Outbox()
         self.cloud.channel = self.outbox  # type: ignore[assignment]
+        # a process Ray restarts after a death says so: it holds none of its predecessor's requests
+        self.incarnation = f"{os.getpid()}-{secrets.token_hex(4)}"
 
     def describe(self) -> dict[str, Any]:
         target = self.cloud.target
         line = self.cloud.batching.line()
-        return {"pid": os.getpid(), "vocab_size": target.vocab_size, "max_length": target.max_length, "batching": line}
+        return {
+            "pid": os.getpid(),
+            "incarnation": self.incarnation,
+            "vocab_size": target.vocab_size,
+            "max_length": target.max_length,
+            "batching": line,
+        }
 
-    def step(self, routed: list[Routed]) -> dict[str, Any]:
-        """Handle the routed frames, do one turn of work; the replies and what the front routes by."""
+    def step(self, routed: list[Routed], expected: str | None = None) -> dict[str, Any]:
+        """Handle the routed frames, do one turn of work; the replies and what the front routes by.
+        `expected`: the incarnation the front routed these frames to. Ray may have restarted the
+        replica between two steps; then the frames belong to requests it never opened, and it takes
+        none of them ("restarted"), so the front counts the death and routes them again."""
         cloud = self.cloud
+        if expected is not None and expected != self.incarnation:
+            return self._result() | {"restarted": True}
         for identity, message, key in routed:
             cloud.handle(identity, message, key)
         cloud.work()
+        return self._result()
+
+    def _result(self) -> dict[str, Any]:
+        cloud = self.cloud
         return {
             "replies": self.outbox.take(),
             "free_kv": cloud.quota.kv_budget - cloud.quota.kv_reserved,
             "held": set(cloud.requests) | set(cloud.opening),
             "busy": bool(cloud.queue or cloud.opening),
+            "incarnation": self.incarnation,
         }
 
     def summary(self) -> dict[str, Any]:

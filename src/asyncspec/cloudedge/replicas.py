@@ -11,7 +11,10 @@ A replica that dies (Ray raises ActorDiedError or another RayActorError on its s
 its routes are dropped, the frames of its lost step are routed again (an Open to another replica,
 a block or query is answered Nack("unknown"), and the edge resynchronises by replaying its request
 exactly on a live replica). Ray restarts the actor (`max_restarts`); it takes new requests once a
-step succeeds again. Every death, orphaned request and resync is counted in the front's summary.
+step succeeds again. A replica restarted between two steps (no step failed) is found by its
+incarnation: every step names the one the front last heard from, and a new process refuses the
+frames meant for its predecessor, which is then handled as a death. Every death, orphaned request
+and resync is counted in the front's summary.
 """
 
 from __future__ import annotations
@@ -32,6 +35,10 @@ from asyncspec.cloudedge import protocol as wire
 from asyncspec.cloudedge.auth import CurveKeys
 from asyncspec.cloudedge.replica import Routed
 from asyncspec.cloudedge.transport import Channel, TrafficCounters, serving_channel
+
+
+class ReplicaRestarted(RuntimeError):
+    """A step reached a process Ray had started anew since the front's last step there."""
 
 
 @dataclass(frozen=True)
@@ -85,6 +92,7 @@ class ReplicaLink:
     gather_until: float = 0.0
     retired: bool = False  # dead for good (Ray restarts it no more): takes no frames again
     last_step: float = 0.0
+    incarnation: str | None = None  # the replica process the front last heard from (None: not yet)
 
 
 class ReplicaFront:
@@ -150,7 +158,7 @@ class ReplicaFront:
                 continue
             if link.inbox or link.busy or now - link.last_step > self.config.tick_s:
                 link.sent, link.inbox, link.awaiting = link.inbox, [], set()
-                link.in_flight, link.last_step = link.actor.step.remote(link.sent), now
+                link.in_flight, link.last_step = link.actor.step.remote(link.sent, link.incarnation), now
                 link.in_flight.future().add_done_callback(lambda _: os.write(self._wake_w, b"."))
                 self.counters.steps += 1
 
@@ -183,6 +191,11 @@ class ReplicaFront:
             self._stepped(link, result)
 
     def _stepped(self, link: ReplicaLink, result: dict) -> None:
+        if result.get("restarted"):  # it took none of the step's frames: they are routed again
+            self._died(link, ReplicaRestarted(f"replica {link.index} was restarted between two steps"), final=False)
+            link.incarnation = result["incarnation"]
+            return
+        link.incarnation = result["incarnation"]
         link.alive, link.busy, link.free_kv, link.sent = True, result["busy"], result["free_kv"], []
         for identity, frame, message in result["replies"]:
             self.channel.send_frame(frame, message, identity)
