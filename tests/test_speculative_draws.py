@@ -7,6 +7,7 @@ the batch check proved on a kernel that rounds wide calls differently all fail t
 from __future__ import annotations
 
 import weakref
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -159,6 +160,32 @@ def test_the_call_costs_are_measured_once_per_thread_count():
     first = call_costs(whisper.engine, whisper.copy_state(state).cache, state.length, 4)
     again = call_costs(whisper.engine, whisper.copy_state(state).cache, state.length, 4)
     assert set(first) == {1, 2, 4} and first == again and all(cost > 0 for cost in first.values())
+
+
+class _WakingEngine:
+    """An engine whose first two calls at a thread count are slow (its threads waking): 30 ms, then 10."""
+
+    def __init__(self):
+        self.shape = SimpleNamespace(width=8)
+        self.pad_id, self.calls, self.clock = 0, 0, 0.0
+
+    def run_rows(self, slots, tokens, blocks):
+        self.calls += 1
+        self.clock += 0.030 if self.calls <= 2 else 0.010
+
+
+def test_a_call_is_timed_after_its_threads_have_woken(monkeypatch):
+    """A kept cost decides the decoder's thread count for good: timed from cold, best of two, a
+    two-thread call once measured slower than a one-thread call that it beats by a quarter."""
+    engine = _WakingEngine()
+    monkeypatch.setattr(draw_plan.time, "perf_counter", lambda: engine.clock)
+    assert call_costs(engine, None, 0, 1) == {1: pytest.approx(0.010)}
+    # the control: without the warm-up calls, two timed calls see only the waking ones
+    monkeypatch.setattr(draw_plan, "WARM_UP_CALLS", 0)
+    monkeypatch.setattr(draw_plan, "TIMED_CALLS", 2)
+    cold = _WakingEngine()
+    monkeypatch.setattr(draw_plan.time, "perf_counter", lambda: cold.clock)
+    assert call_costs(cold, None, 0, 1) == {1: pytest.approx(0.030)}
 
 
 def test_the_call_costs_are_kept_per_machine_and_openmp_setting(monkeypatch, tmp_path):

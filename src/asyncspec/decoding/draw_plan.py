@@ -22,7 +22,13 @@ from asyncspec.models.fixed_shape import RowSlot, StaticKV, cut_into_stacks, sta
 from asyncspec.models.threads import openmp_settings
 
 _COSTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # engine -> {(threads, blocks): seconds}
-COST_REVISION = 2  # bumped when what a kept timing measures changes (2: integer cross-attention sums)
+# bumped when what a kept timing measures changes (2: integer cross-attention sums; 3: warmed up, best of
+# TIMED_CALLS: best of two cold calls kept a two-thread call at 19.9 ms against 17.8 on one, where
+# warmed up it takes 12.1 against 16.5, and target-only then decoded on one thread: 117 s cold
+# against 86 s warm on the large long-form set, 2-core Zen 4 capped to VNNI)
+COST_REVISION = 3
+WARM_UP_CALLS = 2  # the first calls at a thread count wake its threads
+TIMED_CALLS = 5
 
 
 @dataclass(frozen=True)
@@ -60,8 +66,9 @@ def plan_rows(
 @torch.inference_mode()
 def call_costs(engine, cache, position: int, most_blocks: int) -> dict[int, float]:
     """Seconds of one call of n blocks, for n = 1 and every stack size up to `most_blocks`, at this
-    process's thread count: measured once per engine and thread count (best of two), on rows
-    written into `cache` past `position` (a scratch cache: nothing of it is read afterwards)."""
+    process's thread count: measured once per engine and thread count (warmed up, best of
+    TIMED_CALLS), on rows written into `cache` past `position` (a scratch cache: nothing of it is
+    read afterwards)."""
     threads = torch.get_num_threads()
     known = _COSTS.setdefault(engine, {})
     for blocks in [1, *stack_sizes(most_blocks)]:
@@ -70,8 +77,10 @@ def call_costs(engine, cache, position: int, most_blocks: int) -> dict[int, floa
         rows = blocks * engine.shape.width
         slots = [RowSlot(cache, position + min(row, engine.shape.width - 1)) for row in range(rows)]
         tokens = [engine.pad_id] * rows
+        for _ in range(WARM_UP_CALLS):
+            engine.run_rows(slots, tokens, blocks)
         timings = []
-        for _ in range(2):
+        for _ in range(TIMED_CALLS):
             started = time.perf_counter()
             engine.run_rows(slots, tokens, blocks)
             timings.append(time.perf_counter() - started)
