@@ -156,8 +156,9 @@ def _cold_options(args) -> list[str]:
 def solo_threads(threads: int) -> int | None:
     """The decoder's thread count alone, as the Transcriber takes it: None (every core where it
     measures them faster, as `asyncspec transcribe` runs by default) when the bench gives every
-    core; else the bench's narrower count. Forcing every core cost target-only 1.7x its decode
-    time (whisper-base int8, 2-core EPYC capped to VNNI: 26.7 ms a call on two threads, 14.7 on one)."""
+    core; else the bench's narrower count. Forced, a count the decoder measures slower is imposed:
+    under OMP_WAIT_POLICY=PASSIVE a two-thread call took 26.7 ms against 14.7 on one (whisper-base
+    int8, 2-core Zen 4 capped to VNNI), and the bench would time a configuration no user runs."""
     return None if threads >= available_cores() else threads
 
 

@@ -225,7 +225,7 @@ class WhisperBackend(KVBackend):
     def _default_shape(self) -> CallShape:
         # A long-form prompt carries up to 223 tokens of previous text: two blocks (128 rows and
         # the rest, fixed_shape.prefill_blocks). Its 226-row head took 178 ms in 32-row blocks
-        # and 94 ms so (int8, two threads; bf16 196 against 100 ms), 2-core Zen 4 capped to VNNI.
+        # and 94 ms so (int8, two threads, capped to VNNI; bf16 uncapped 196 against 100), 2-core Zen 4.
         return CallShape(width=DEFAULT_WIDTH, prefill_width=PREFILL_WIDTH, capacity=self.max_length)
 
     def _block_forward(self, shape: CallShape) -> WhisperBlockForward:
