@@ -191,11 +191,10 @@ class ReplicaFront:
             self._stepped(link, result)
 
     def _stepped(self, link: ReplicaLink, result: dict) -> None:
+        link.incarnation = result["incarnation"]
         if result.get("restarted"):  # it took none of the step's frames: they are routed again
             self._died(link, ReplicaRestarted(f"replica {link.index} was restarted between two steps"), final=False)
-            link.incarnation = result["incarnation"]
             return
-        link.incarnation = result["incarnation"]
         link.alive, link.busy, link.free_kv, link.sent = True, result["busy"], result["free_kv"], []
         for identity, frame, message in result["replies"]:
             self.channel.send_frame(frame, message, identity)
