@@ -16,6 +16,7 @@ import json
 import os
 import time
 from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -27,6 +28,7 @@ from asyncspec.models.cache_entries import entry_path, write_entry
 from asyncspec.models.fixed_shape import stack_sizes
 from asyncspec.models.int8_linear import Int8Linear, products_exact
 from asyncspec.models.machine import cpu_identity
+from asyncspec.models.narrow_check import full_width, narrow_check
 from asyncspec.models.row_probe import compare_rows, kv_rows, probe_tokens
 from asyncspec.models.threads import torch_threads
 
@@ -65,6 +67,12 @@ class InvarianceReport:
     # The thread counts the batch check ran at: `threads`, and `wide_threads` where that was checked
     # (a transcriber's fallback draws stack at whichever count it decodes with then).
     stacked_threads: tuple[int, ...] = ()
+    # The narrow check (narrow_check.py): decoding widths below `width` whose calls gave every row
+    # and KV position bitwise the full-width calls' at each of `narrow_threads`; the engine runs a
+    # short call at the narrowest of them that holds its rows (FixedShapeEngine.decoding_width).
+    narrow_widths: tuple[int, ...] = ()
+    narrow_threads: tuple[int, ...] = ()
+    narrow_difference: str = ""  # the first width found different, "" when all were equal
 
     def summary(self) -> str:
         verdict = "passed" if self.passed else f"FAILED ({self.first_difference})"
@@ -74,7 +82,20 @@ class InvarianceReport:
         return (
             f"invariance self-test {verdict}: {self.engine} engine, {self.dtype}, width {self.width}, "
             f"{self.threads} thread(s), {self.rows_checked} rows compared bitwise{wide}{self._stacked_summary()}"
+            f"{self._narrow_summary()}"
         )
+
+    def _narrow_summary(self) -> str:
+        if not self.narrow_threads:
+            return ""
+        widths = ", ".join(map(str, self.narrow_widths))
+        equal = f"; narrower calls of {widths} rows equal" if widths else ""
+        return equal + (f"; {self.narrow_difference}" if self.narrow_difference else "")
+
+    def narrowing(self, threads: int) -> tuple[int, ...]:
+        """The narrower decoding widths proven at `threads` (none where the verdict failed)."""
+        proven = self.passed and threads in self.narrow_threads
+        return tuple(self.narrow_widths) if proven else ()
 
     def _stacked_summary(self) -> str:
         if self.stacked_blocks is None:
@@ -168,7 +189,13 @@ def _equal_at_threads(backend, threads: int, prompt, context, tokens, reference,
 def check_invariance(backend, wide_threads: int | None = None, stacked_blocks: int | None = None) -> InvarianceReport:
     """The verdict at the current thread count; with `wide_threads`, also whether the same calls at
     that count give the same bits (a target that decodes on more cores once it is alone); with
-    `stacked_blocks`, the batch check (`stacked_difference`)."""
+    `stacked_blocks`, the batch check (`stacked_difference`); and the narrow check. Every call but
+    the narrow check's runs at the engine's full width."""
+    with full_width(getattr(backend, "engine", None)):
+        return _check_invariance(backend, wide_threads, stacked_blocks)
+
+
+def _check_invariance(backend, wide_threads: int | None, stacked_blocks: int | None) -> InvarianceReport:
     started = time.perf_counter()
     inexact = inexact_int8_shapes(backend)
     width = call_width(backend) or 8
@@ -204,6 +231,7 @@ def check_invariance(backend, wide_threads: int | None = None, stacked_blocks: i
         wide_threads=wide,
         wide_equal=None if wide is None else _equal_at_threads(backend, wide, prompt, context, tokens, *references),
         **batch_check(backend, context, stacked_blocks, wide),
+        **narrow_check(backend, partial(_decode_in_blocks, backend, prompt, context, tokens), references, wide),
     )
 
 
@@ -236,8 +264,8 @@ def probe_prompt(backend) -> list[int]:
 # 3: packed stacks, the batch check at the wide thread count too; 4: a probe prompt of two prefill
 # blocks, attended by attend_prompt; 5: a stacked call's cross-attention one block at a time; 6: the
 # int8 engine's cross-attention weighted sums in integers; 7: prompt blocks fitted to the prompt,
-# Whisper's up to 128 rows).
-VERDICT_REVISION = 7
+# Whisper's up to 128 rows; 8: the narrow check).
+VERDICT_REVISION = 8
 
 
 def machine_identity() -> dict:
@@ -299,6 +327,9 @@ def invariance(
         if path is not None:
             write_entry(path, asdict(report))
     backend.invariance = report
+    engine = getattr(backend, "engine", None)
+    if engine is not None and hasattr(engine, "narrow"):
+        engine.narrow = {count: report.narrowing(count) for count in report.narrow_threads}
     return report
 
 
