@@ -16,7 +16,7 @@ from asyncspec.decoding.result import DecodeConfig
 from asyncspec.models.base import DecodeRequest
 from asyncspec.ondevice import align
 from asyncspec.ondevice.accounting import account, merge
-from asyncspec.ondevice.align import realign
+from asyncspec.ondevice.align import realign, spelt_alike
 from asyncspec.ondevice.buffer import CandidateBuffer, PublishedBatch, paid_for
 from asyncspec.ondevice.chunking import chunk_bounds
 from asyncspec.ondevice.messages import Done
@@ -120,19 +120,45 @@ def test_shifted_stream_is_realigned_and_mostly_used(monkeypatch):
         return result.stats.as2d.coverage
 
     aligned = coverage()
-    monkeypatch.setattr(align, "realign", lambda stream, expected, root, previous: expected)
+    monkeypatch.setattr(align, "realign", lambda stream, expected, root, history, **_: expected)
     assert aligned > 0.75  # the shift costs about one round, not the rest of the stream
     assert aligned > coverage() + 0.3  # without realignment the shift ruins the rest
 
 
 def test_realign_rules():
     stream = [10, 11, 12, 13, 14, 11, 15]
-    assert realign(stream, 2, 12, previous=11) == 2  # already in place
-    assert realign(stream, 2, 13, previous=99) == 3  # the target skipped a candidate
-    assert realign(stream, 3, 12, previous=11) == 2  # the target inserted a token
-    assert realign(stream, 4, 11, previous=14) == 5  # repeated token: the copy after its predecessor
-    assert realign(stream, 2, 77, previous=11) == 2  # no match: keep the slot (substitution)
-    assert realign(stream, 9, 12, previous=11) == 9  # beyond what is published: unchanged
+    assert realign(stream, 2, 12, [11, 12]) == 2  # already in place
+    assert realign(stream, 2, 13, [99, 13]) == 3  # the target skipped a candidate
+    assert realign(stream, 3, 12, [11, 12]) == 2  # the target inserted a token
+    assert realign(stream, 4, 11, [14, 11]) == 5  # repeated token: the copy after its predecessor
+    assert realign(stream, 2, 77, [11, 77]) == 2  # no match: keep the slot (substitution)
+    assert realign(stream, 9, 12, [11, 12]) == 9  # beyond what is published: unchanged
+    assert realign(stream, 9, 12, [11, 12], complete=True) == 2  # ...unless that is all there is
+
+
+def test_a_far_match_follows_the_longest_committed_context_not_the_nearest_pair():
+    """The committed text is ... 5 6 7 8 9; the stream has 5 6 7 8 9 some 20 slots behind the
+    cursor and a lone 8 9 some 12 ahead. The pair ahead matches two tokens, the run behind five."""
+    filler = list(range(100, 140))
+    stream = [5, 6, 7, 8, 9] + filler[:20] + [50] + filler[20:31] + [8, 9] + filler[31:]
+    history = [1, 2, 5, 6, 7, 8, 9]
+    expected = 25
+    assert realign(stream, expected, 9, history) == 4
+    # the control: the former rule, the nearest (previous, root) pair, jumps ahead to the lone 8 9
+    nearest_pair = min((s for s in range(1, len(stream)) if stream[s - 1 : s + 1] == [8, 9]), key=lambda s: abs(s - 25))
+    assert nearest_pair == 38
+
+
+def test_a_root_spelt_otherwise_beside_the_guess_takes_the_cursor():
+    spellings = {1: "the", 2: "hair", 3: "was", 4: "hare", 5: "once", 6: "boasting", 7: "tort", 8: "torto"}
+    spelling = spellings.__getitem__
+    stream = [1, 3, 2, 3, 5, 6]  # " the was hair was once boasting": the guess (slot 1) is off by one
+    assert realign(stream, 1, 4, [1, 4], spelling=spelling) == 2  # " hare" heard as " hair"
+    assert realign(stream, 1, 4, [1, 4]) == 1  # without spellings: the guess stays
+    assert realign([1, 7, 3], 2, 8, [1, 8], spelling=spelling) == 1  # " torto" written " Tort"
+    assert realign([1, 2, 3, 5, 4], 1, 4, [1, 4], spelling=spelling) == 4  # the exact word first, 3 slots on
+    assert spelt_alike("hare", "hair") and spelt_alike("tort", "tortoise") and spelt_alike("he", "she")
+    assert not spelt_alike("", "a") and not spelt_alike("cat", "dog")
 
 
 def test_buffer_orders_batches_refuses_other_requests_and_reads_fast():

@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import replace
 
 import numpy as np
 
 from asyncspec.models.whisper_rules import TimestampRules
-from asyncspec.ondevice.align import CONFIDENCE_THRESHOLD, realign
+from asyncspec.ondevice.align import CONFIDENCE_THRESHOLD, CONTEXT_TOKENS, realign
 from asyncspec.ondevice.buffer import CandidateBuffer, PublishedBatch
 from asyncspec.ondevice.messages import Done, Failed
 
@@ -28,8 +29,12 @@ EARLY_MARGIN_S = 1.0  # a token estimated this much before the seek may still be
 class FileCandidates:
     """The whole recording's publications (one producer request), and a view per target window."""
 
-    def __init__(self, producer, audio: np.ndarray, rules: TimestampRules):
-        self.producer, self.rules = producer, rules
+    def __init__(
+        self, producer, audio: np.ndarray, rules: TimestampRules, spelling: Callable[[int], str] | None = None
+    ):
+        """`spelling`: a target token's letters (align.token_spelling), to realign across words the
+        producer spelt otherwise."""
+        self.producer, self.rules, self.spelling = producer, rules, spelling
         self.buffer = producer.start(audio)  # the producer reads the file's audio, nothing else
         self._views = 0
 
@@ -62,7 +67,7 @@ class WindowCandidates:
 
     def start(self, audio: np.ndarray) -> CandidateBuffer:
         channel = _WindowChannel(self.source.buffer, self.view_id, self.seek_s, self.end_s)
-        return WindowBuffer(self.view_id, channel, self.source.rules)
+        return WindowBuffer(self.view_id, channel, self.source.rules, self.source.spelling)
 
     def finish(self, buffer: CandidateBuffer) -> None:
         buffer.refresh()
@@ -71,20 +76,26 @@ class WindowCandidates:
 class WindowBuffer(CandidateBuffer):
     """A window's candidates: text tokens only, proposed around the target's timestamps."""
 
-    def __init__(self, request_id: int, channel, rules: TimestampRules):
+    def __init__(self, request_id: int, channel, rules: TimestampRules, spelling: Callable[[int], str] | None = None):
         super().__init__(request_id, channel)
-        self.rules = rules
+        self.rules, self.spelling = rules, spelling
 
     def make_proposer(self, block_rows: int | None = None) -> TimestampProposer:
-        return TimestampProposer(self, self.rules, block_rows)
+        return TimestampProposer(self, self.rules, block_rows, self.spelling)
 
 
 class TimestampProposer:
     """The cursor over a window's text stream. It holds the stream index of the last committed text
     token; timestamps the target commits leave it where it is."""
 
-    def __init__(self, buffer: CandidateBuffer, rules: TimestampRules, block_rows: int | None = None):
-        self.buffer, self.rules, self.block_rows = buffer, rules, block_rows
+    def __init__(
+        self,
+        buffer: CandidateBuffer,
+        rules: TimestampRules,
+        block_rows: int | None = None,
+        spelling: Callable[[int], str] | None = None,
+    ):
+        self.buffer, self.rules, self.block_rows, self.spelling = buffer, rules, block_rows, spelling
         self.cursor = -1  # no text committed yet: the first candidate is the stream's first token
         self.proposal: list[int] = []
 
@@ -92,8 +103,9 @@ class TimestampProposer:
         is_ts = self.rules.is_timestamp
         guess: list[int] = []
         if not is_ts(root):
-            previous = next((t for t in reversed(committed[:-1]) if not is_ts(t)), None)
-            self.cursor = realign(self.buffer.tokens, self.cursor + 1, root, previous)
+            history = [token for token in committed[-CONTEXT_TOKENS:] if not is_ts(token)]
+            stream, complete = self.buffer.tokens, self.buffer.finished
+            self.cursor = realign(stream, self.cursor + 1, root, history, complete=complete, spelling=self.spelling)
         elif len(committed) > 1 and not is_ts(committed[-2]):
             guess = [root]  # root closed a segment: guess the next one opens at the same time
         text = (

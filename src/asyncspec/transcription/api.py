@@ -257,10 +257,13 @@ class Transcriber:
     def _segments(
         self, target, samples: np.ndarray, options: LongformOptions, info: TranscriptionInfo, first_window=None
     ) -> Iterator[Segment]:
+        from asyncspec.ondevice.align import token_spelling
         from asyncspec.ondevice.timed_view import FileCandidates
 
-        uses_producer = info.method == "as2d"
-        files = FileCandidates(self.producer, samples, self.target.timestamp_rules) if uses_producer else None
+        files = None
+        if info.method == "as2d":
+            rules, spelling = self.target.timestamp_rules, token_spelling(self.target.tokenizer)
+            files = FileCandidates(self.producer, samples, rules, spelling)
         try:
             decode = self._window_decoder(target, info.method, files, info.stats)
             encode = self._window_encoder(files, first_window)
