@@ -16,31 +16,23 @@ from asyncspec.models.narrow_check import narrower_widths, sizes_within
 from asyncspec.models.selftest import check_invariance, invariance
 from asyncspec.models.threads import torch_threads
 from conftest import synthetic_speech, tiny_causal, tiny_whisper
+from test_fixed_shape import ShapeDependentForward
 
 
-class CallWidthDependentForward:
+class CallWidthDependentForward(ShapeDependentForward):
     """A deliberately broken engine: hidden states move by the call's width (its padded rows), as a
     kernel that blocks a narrower product otherwise would. Padded to one width, every row agrees."""
-
-    def __init__(self, forward):
-        self.inner = forward
-        self.hidden_size = forward.hidden_size
-
-    def new_cache(self, slots, context):
-        return self.inner.new_cache(slots, context)
 
     def __call__(self, slots, ids, prompt=False):
         return self.inner(slots, ids, prompt) + 1e-2 * ids.shape[0]
 
 
-class WidthLog:
-    """Records the width of every decoding call the engine makes."""
+class WidthLog(ShapeDependentForward):
+    """Records the width of every decoding call the engine makes (and changes nothing)."""
 
     def __init__(self, forward):
-        self.inner, self.hidden_size, self.widths = forward, forward.hidden_size, []
-
-    def new_cache(self, slots, context):
-        return self.inner.new_cache(slots, context)
+        super().__init__(forward)
+        self.widths: list[int] = []
 
     def __call__(self, slots, ids, prompt=False):
         if not prompt:
