@@ -8,9 +8,7 @@ call has one shape, whatever it carries:
 
 - a static KV cache of a fixed number of slots per request (`capacity` + `width`), written in place;
 - every call runs exactly `width` rows (a shorter call is padded, a longer one split into blocks),
-  or, where the self-test proved a narrower call's rows bitwise those of a `width`-row call at
-  this thread count (the int8 engine's integer products are exact at any width), the narrowest
-  proven width that holds the rows (`narrow`);
+  or the narrowest width the self-test proved bitwise equal at this thread count (`narrow`, int8);
   the prompt runs in blocks of `prefill_width` rows, the last one only as wide as the rows left
   (rounded up to a multiple of `width`): a function of the prompt's length, so the same blocks in
   every run of a request;
@@ -283,10 +281,9 @@ def cut_into_stacks(blocks: int, most_blocks: int) -> list[int]:
 
 def prefill_blocks(length: int, shape: CallShape) -> list[int]:
     """The widths of the blocks a prompt of `length` rows is prefilled in: `prefill_width` while
-    more rows are left, then the rest rounded up to a multiple of `width`. A function of the length
-    alone, so every run of a request cuts its prompt alike. A padded row costs as much as a real
-    one: a 3-token Whisper prompt padded to 32 rows took 16 ms on two threads where 8 rows take 9,
-    and a 226-token one in 32-row blocks 178 ms where 128 + 104 rows take 94 (int8, 2-core Zen 4)."""
+    more rows are left, then the rest rounded up to a multiple of `width` (a function of the length
+    alone: every run of a request cuts its prompt alike). A padded row costs what a real one does
+    (a 226-token Whisper prompt: 178 ms in 32-row blocks, 94 ms in 128 + 104; docs/e2e.md)."""
     blocks, left = [], length
     while left > 0:
         blocks.append(min(shape.prefill_width, -(-left // shape.width) * shape.width))
@@ -316,14 +313,11 @@ class FixedShapeEngine:
         self.project = project  # final hidden states [W, D] -> logits [W, V] (a float or an int8 linear)
         self.shape = shape
         self.pad_id = pad_id
-        # thread count -> decoding widths below `shape.width` whose rows the self-test found bitwise
-        # those of a full-width call there (selftest.InvarianceReport.narrowing); none until proven
-        self.narrow: dict[int, tuple[int, ...]] = {}
+        self.narrow: dict[int, tuple[int, ...]] = {}  # thread count -> proven narrower widths
 
     def decoding_width(self, rows: int) -> int:
-        """The rows a decoding call of `rows` real rows runs: the narrowest width proven at this
-        thread count that holds them, else the full width. A one-token call at 1 row took 11.8 ms
-        against 14.3 ms at 8 (whisper-base int8, two threads, Zen 4 capped to AVX-512 VNNI)."""
+        """The narrowest width proven at this thread count that holds `rows`, else the full width
+        (a one-token whisper-base int8 call: 11.8 ms at 1 row, 14.3 at 8; two threads, Zen 4)."""
         proven = self.narrow.get(torch.get_num_threads(), ())
         return min((width for width in proven if width >= rows), default=self.shape.width)
 
@@ -332,12 +326,11 @@ class FixedShapeEngine:
 
     def run(self, cache: StaticKV, start: int, tokens: Sequence[int]) -> torch.Tensor:
         """Logits [len(tokens), V] (the model's dtype) for tokens at positions start, start+1, ..."""
-        rows = []
+        rows = []  # each block at its decoding width: the padded rows' logits are dropped
         for offset in range(0, len(tokens), self.shape.width):
             chunk = list(tokens[offset : offset + self.shape.width])
             width = self.decoding_width(len(chunk))
-            logits = self.project(self._block(cache, start + offset, chunk, width))  # all rows: one shape
-            rows.append(logits[: len(chunk)])
+            rows.append(self.project(self._block(cache, start + offset, chunk, width))[: len(chunk)])
         return torch.cat(rows) if len(rows) > 1 else rows[0]
 
     def prefill(self, cache: StaticKV, start: int, tokens: Sequence[int], wanted: Sequence[int] = ()) -> torch.Tensor:
@@ -380,11 +373,9 @@ class FixedShapeEngine:
         """For each part (a request's cache, its start, its tokens): the logits [len(tokens), V] that
         `run` computes, its tokens cut into the same blocks of `width` rows padded the same way, but
         the blocks of all parts stacked into calls of 2, 4, ... `most_blocks` blocks (`cut_into_stacks`).
-        Embeddings, norms and self-attention are per row, cross-attention per block (`attend_all`);
-        the linears see a call `width` x blocks rows wide. So this is bitwise `run` only where the
-        invariance self-test's batch check passed.
-        Parts must hold distinct caches; a part's later blocks are never in an earlier call, and
-        inside one call they read its earlier blocks' keys/values, written layer by layer first."""
+        Only the linears see the wider call (norms and self-attention are per row, cross-attention
+        per block), so this is bitwise `run` where the self-test's batch check passed. Parts hold
+        distinct caches; a part's later blocks read its earlier ones' keys/values, written first."""
         width = self.shape.width
         blocks = [
             (index, cache, start + offset, list(tokens[offset : offset + width]))
