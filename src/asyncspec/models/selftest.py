@@ -264,8 +264,9 @@ def probe_prompt(backend) -> list[int]:
 # 3: packed stacks, the batch check at the wide thread count too; 4: a probe prompt of two prefill
 # blocks, attended by attend_prompt; 5: a stacked call's cross-attention one block at a time; 6: the
 # int8 engine's cross-attention weighted sums in integers; 7: prompt blocks fitted to the prompt,
-# Whisper's up to 128 rows; 8: the narrow check).
-VERDICT_REVISION = 8
+# Whisper's up to 128 rows; 8: the narrow check; 9: narrow widths for int8 alone, a float
+# engine's revision-8 verdict could carry widths its real rows did not keep).
+VERDICT_REVISION = 9
 
 
 def machine_identity() -> dict:
