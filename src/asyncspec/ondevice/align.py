@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import difflib
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -62,12 +62,7 @@ def realign(
     if (expected < len(stream) and stream[expected] == root) or (expected >= len(stream) and not complete):
         return expected
     previous = history[-2] if len(history) > 1 else None
-    matches = [
-        slot
-        for distance in range(1, radius + 1)
-        for slot in (expected + distance, expected - distance)
-        if 0 <= slot < len(stream) and stream[slot] == root
-    ]
+    matches = [slot for slot in _slots_near(expected, radius, len(stream)) if stream[slot] == root]
     with_context = [s for s in matches if previous is not None and s > 0 and stream[s - 1] == previous]
     if with_context or matches:
         return (with_context or matches)[0]
@@ -94,12 +89,18 @@ def _context_match(stream: Sequence[int], expected: int, history: Sequence[int])
 
 
 def _spelt_alike(stream: Sequence[int], expected: int, root: int, spelling: Callable[[int], str]) -> int | None:
-    """The nearest slot within FUZZY_RADIUS of `expected` whose token is spelt like the root."""
-    for distance in range(FUZZY_RADIUS + 1):
+    """The nearest slot within FUZZY_RADIUS of `expected` (itself first) whose token is spelt like the root."""
+    near = _slots_near(expected, FUZZY_RADIUS, len(stream), nearest=0)
+    return next((slot for slot in near if spelt_alike(spelling(stream[slot]), spelling(root))), None)
+
+
+def _slots_near(expected: int, radius: int, length: int, nearest: int = 1) -> Iterator[int]:
+    """Slots of a stream of `length` from `nearest` to `radius` away from `expected`, nearest first,
+    forward first at equal distance."""
+    for distance in range(nearest, radius + 1):
         for slot in (expected + distance, expected - distance) if distance else (expected,):
-            if 0 <= slot < len(stream) and spelt_alike(spelling(stream[slot]), spelling(root)):
-                return slot
-    return None
+            if 0 <= slot < length:
+                yield slot
 
 
 def spelt_alike(a: str, b: str) -> bool:
