@@ -96,9 +96,10 @@ def test_quantized_rows_and_layouts():
     zeros_q, _ = quantize_rows(torch.zeros(2, 16))
     assert torch.equal(zeros_q, torch.zeros(2, 16, dtype=torch.int8))  # no NaN from a zero row
     weight = torch.randn(96, 64)
-    outputs = [Int8Linear(weight, None, layout)(x) for layout in ("kn", "nk")]
-    assert torch.equal(outputs[0], outputs[1])  # the layout is a speed choice only
-    assert measured_layout(torch.zeros(96, 64, dtype=torch.int8))[0] in ("kn", "nk")
+    layouts = ("kn", "nk", *(("fbgemm",) if int8_linear.prepacked_exact("fbgemm", 64) else ()))
+    outputs = [Int8Linear(weight, None, layout)(x) for layout in layouts]
+    assert all(torch.equal(output, outputs[0]) for output in outputs)  # the layout is a speed choice only
+    assert measured_layout(torch.zeros(96, 64, dtype=torch.int8))[0] in (*layouts, "packed")
 
 
 def saturating_int_mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:

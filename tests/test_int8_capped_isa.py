@@ -1,11 +1,11 @@
 """The int8 target's self-test on CPUs without bf16 (issue #28): this CPU with oneDNN and MKL capped
-to AVX-512 VNNI (a Cascade Lake) and to AVX2 (most laptops), each in a fresh process, since the
+to AVX-512 VNNI (a Cascade Lake) and to AVX2 (most laptops; FBGEMM capped too), each in a fresh process, since the
 cap is read once when torch loads. The self-test checks rows across call widths, the KV and the
 integer products themselves (Whisper base's tiny sibling), and for a causal LM also the batch of
 stacked 8-row blocks the cloud makes across requests; it must pass under each cap.
 
-The control: under the AVX2 cap, where oneDNN adds u8 x s8 products in saturating int16 pairs, full
-8-bit weights are not exact here, and the same self-test fails the same model built with them."""
+The control: under the AVX2 cap, where oneDNN and FBGEMM add u8 x s8 products in saturating int16
+pairs, full 8-bit weights are not exact here, and the same self-test fails the same model built with them."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ import pytest
 
 CAPS = {  # the variables a user sets to make this CPU compute like one without bf16
     "AVX512_CORE_VNNI": {"ONEDNN_MAX_CPU_ISA": "AVX512_CORE_VNNI", "MKL_ENABLE_INSTRUCTIONS": "AVX512_E1"},
-    "AVX2": {"ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2"},
+    "AVX2": {"ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2", "FBGEMM_ENABLE_INSTRUCTIONS": "AVX2"},
 }
 
 SELF_TEST = """
@@ -32,8 +32,9 @@ from asyncspec.models.registry import load_decoder
 from asyncspec.models.selftest import check_invariance
 backend = load_decoder(sys.argv[2], "int8")
 report = check_invariance(backend, stacked_blocks=None if sys.argv[2].startswith("whisper") else 4)
-print(json.dumps({"passed": report.passed, "first": report.first_difference,
-                  "stacked": report.stacked_equal, "weight_range": int8_linear.weight_range()}))
+full_range_int_mm = int8_linear.products_exact(512, 64, weight_max=127, kernels=int8_linear.INT_MM_LAYOUTS)
+print(json.dumps({"passed": report.passed, "first": report.first_difference, "stacked": report.stacked_equal,
+                  "weight_range": int8_linear.weight_range(), "full_range_int_mm": full_range_int_mm}))
 """
 
 
@@ -65,8 +66,9 @@ def test_int8_qwen_batches_requests_exactly_with_avx2_only(qwen_05b_fp32):
 
 @pytest.mark.real
 def test_full_range_weights_fail_the_self_test_where_the_avx2_kernel_saturates():
-    if self_test_under("AVX2")["weight_range"] == 127:
-        pytest.skip("this CPU's AVX2 int8 kernel is exact at full range: nothing saturates to catch")
+    if self_test_under("AVX2")["full_range_int_mm"]:
+        # FBGEMM saturating at full range is then refused and _int_mm runs exact (test_int8_fbgemm)
+        pytest.skip("this CPU's AVX2 torch._int_mm is exact at full range: nothing it runs saturates")
     report = self_test_under("AVX2", weights="full-range")
     assert not report["passed"]
     assert "int8 products are not exact on this CPU" in report["first"]

@@ -17,7 +17,7 @@ from asyncspec.decoding.methods import METHODS
 from asyncspec.decoding.result import DecodeConfig
 from asyncspec.models import int8_linear, int8_packed
 from asyncspec.models.base import DecodeRequest
-from asyncspec.models.int8_linear import Int8Linear, measured_layout, packed_exact, products_exact
+from asyncspec.models.int8_linear import Int8Linear, measured_layout, prepacked_exact, products_exact
 from asyncspec.models.selftest import check_invariance, inexact_int8_shapes
 from conftest import synthetic_speech, tiny_causal, tiny_whisper
 
@@ -34,12 +34,12 @@ def extreme_rows(rows: int, k: int, seed: int = 0) -> torch.Tensor:
 
 @pytest.mark.parametrize("k", [64, 512, 2048])  # 2048: four chunks, sums past 2^24
 def test_the_packed_layout_is_bitwise_the_int_mm_layouts(k):
-    assert packed_exact(k)
+    assert prepacked_exact("packed", k)
     weight = torch.randn(96, k, generator=torch.Generator().manual_seed(k))
     weight[0] = 1.0  # a column of full-range weights, for the largest sums
     bias = torch.randn(96)
     layers = {layout: Int8Linear(weight, bias, layout) for layout in ("kn", "nk", "packed")}
-    assert layers["packed"].packed is not None and layers["nk"].packed is None
+    assert layers["packed"].prepacked is not None and layers["nk"].prepacked is None
     for rows in (1, 8, 13, 64):
         x = extreme_rows(rows, k, seed=rows)
         outputs = {layout: layer(x) for layout, layer in layers.items()}
@@ -54,7 +54,8 @@ def test_chunks_are_the_deepest_whose_shifted_sums_are_fp32():
 def test_a_packed_layer_copies_by_repacking():
     layer = Int8Linear(torch.randn(40, 1100), None, "packed")
     twin = copy.deepcopy(layer)
-    assert len(twin.packed.weights) == 3 and twin.packed.weights[0] is not layer.packed.weights[0]
+    chunks = -(-1100 // int8_packed.chunk_depth(int8_linear.weight_range()))  # 3 of 512, or 2 of 1,024 (7-bit)
+    assert len(twin.prepacked.weights) == chunks and twin.prepacked.weights[0] is not layer.prepacked.weights[0]
     x = extreme_rows(8, 1100)
     assert torch.equal(twin(x), layer(x))
 
@@ -94,21 +95,21 @@ def test_float_compensation_is_exact_in_the_chunks_and_caught_in_a_deeper_one(mo
 
 
 def test_a_saturating_packed_kernel_is_caught_and_never_offered(monkeypatch):
-    monkeypatch.setattr(int8_linear, "_PACKED_EXACT", {})
+    monkeypatch.setattr(int8_linear, "_PREPACKED_EXACT", {})
     monkeypatch.setattr(int8_linear, "_LAYOUTS", {})
     monkeypatch.setattr(int8_linear, "_WEIGHT_RANGE", [127])
     monkeypatch.setattr(int8_packed.PackedProducts, "_chunk", saturating_pairs)
     assert not products_exact(256, 96, kernels=("packed",))
-    assert not packed_exact(256)
+    assert not prepacked_exact("packed", 256)
     assert measured_layout(torch.ones(96, 256, dtype=torch.int8))[0] in ("kn", "nk")
-    monkeypatch.setattr(int8_linear, "_PACKED_EXACT", {(256, 127): True})
+    monkeypatch.setattr(int8_linear, "_PREPACKED_EXACT", {("packed", 256, 127): True})
     assert not products_exact(256, 96)  # while offered, the default check covers the packed kernel
 
 
 @pytest.fixture
 def every_linear_packed(monkeypatch):
     """Int8 targets built with the packed layout everywhere (timing picks it only where it wins)."""
-    assert packed_exact(64)
+    assert prepacked_exact("packed", 64)
     monkeypatch.setattr(int8_linear, "measured_layout", lambda quantized: ("packed", None))
 
 

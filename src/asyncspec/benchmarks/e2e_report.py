@@ -24,7 +24,7 @@ def isa_environment() -> dict[str, str]:
     """Variables that cap or steer the math libraries (a run under ONEDNN_MAX_CPU_ISA=AVX512_CORE_VNNI
     stands for a CPU without bf16; CT2_FORCE_CPU_ISA does the same for CTranslate2), so a report
     says which machine it actually measured."""
-    prefixes = ("ONEDNN_", "DNNL_", "MKL_", "OMP_", "KMP_", "CT2_", "ATEN_CPU_")
+    prefixes = ("ONEDNN_", "DNNL_", "MKL_", "OMP_", "KMP_", "CT2_", "ATEN_CPU_", "FBGEMM_")
     return {key: value for key, value in sorted(os.environ.items()) if key.startswith(prefixes)}
 
 

@@ -44,8 +44,9 @@ INT8_SHARE = 0.8
 # a 2-core Zen 4 capped to VNNI), which may now beat a float encoder it lost to; 3, the OpenMP
 # settings in the key: an entry timed by the test suite (OMP_WAIT_POLICY=PASSIVE, two workers) had
 # every encoder slower on two threads than on one, and a quiet bench then ran bf16 on one thread,
-# 687 ms a window where two threads take ~430
-REVISION = 3
+# 687 ms a window where two threads take ~430; 4, FBGEMM's int8 linears, fast on an AVX2-only CPU
+# where torch._int_mm is not (an entry there had declined int8)
+REVISION = 4
 
 
 @dataclass(frozen=True)
@@ -184,8 +185,9 @@ def _int8_timed_or_pays(encoder: torch.nn.Module, measured: dict | None) -> bool
 @torch.inference_mode()
 def int8_pays_here(encoder: torch.nn.Module) -> bool:
     """Is the encoder's widest linear, over a window's frames, faster in int8 than in fp32 on this
-    CPU? Without VNNI it is not (a 2-core AVX2-only EPYC: a whole int8 pass took 17.6 s against
-    fp32's 1.7 s), and only where it is can the int8 encoder win, so only there is it timed."""
+    CPU? Where only torch._int_mm's slow path was there it was not (a 2-core AVX2-only EPYC: a
+    whole int8 pass took 17.6 s against fp32's 1.7 s, before FBGEMM was a layout), and only where
+    it is can the int8 encoder win, so only there is it timed."""
     linear = max((m for m in encoder.modules() if isinstance(m, torch.nn.Linear)), key=lambda m: m.weight.numel())
     weight = linear.weight.detach().float()
     frames = torch.randn(FRAMES, linear.in_features, generator=torch.Generator().manual_seed(0))

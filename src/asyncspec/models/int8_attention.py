@@ -28,21 +28,67 @@ only because its rows sat in a GEMM's columns.
   mass;
 - int8 x int8 sums of each digit in int32 (|sum| <= T * 127 * 127), then hi * base + lo and the
   two scales, one correctly rounded operation per element each.
+
+Two kernels give those integers. `torch._int_mm`, or an fp32 product of the same integer codes:
+where every sum is below 2^24 in magnitude, each partial sum is an integer fp32 holds exactly,
+so any order, blocking or fused multiply-add gives the exact sum. That bound always holds for
+the scores (64 * 127 * 127) and holds for the weighted sums with 7-bit digits (1,500 * 127 * 63
+< 2^24), where the weights use 7 bits. On an AVX2-only CPU `_int_mm` has no fast path (Zen 2
+EPYC, one thread, one head's scores at 8 rows: 0.71 ms against fp32's 0.08 ms), so the faster of
+the two is measured once per process and shape; the integers, and so the bits, are the same.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import torch
 
-from asyncspec.models.int8_linear import QMAX, TINY, quantize_rows, weight_range
+from asyncspec.models.int8_linear import QMAX, TIMING_ROWS, TINY, quantize_rows, weight_range
+
+FP32_EXACT = 1 << 24  # every integer up to this is an fp32
+_FLOAT_FASTER: dict[tuple[int, int, int], bool] = {}  # (rows, depth, columns) -> measured once per process
+
+
+def float_sums_exact(depth: int, a_max: int, b_max: int) -> bool:
+    """Is every sum of `depth` products of integers within +-a_max and +-b_max an fp32 integer,
+    and fp32 products computed as such (torch not told to trade precision for speed)?"""
+    return depth * a_max * b_max < FP32_EXACT and torch.get_float32_matmul_precision() == "highest"
+
+
+def float_products_faster(rows: int, depth: int, columns: int) -> bool:
+    """Is an fp32 product [rows, depth] x [depth, columns] of integer codes faster here than
+    torch._int_mm's? Measured once per process and shape (best of 3 after a warm-up each)."""
+    key = (rows, depth, columns)
+    if key not in _FLOAT_FASTER:
+        a, b = torch.ones(rows, depth, dtype=torch.int8), torch.ones(depth, columns, dtype=torch.int8)
+        a_float, b_float = a.float(), b.float()
+        timings = [_best_of_three(lambda: torch._int_mm(a, b)), _best_of_three(lambda: torch.mm(a_float, b_float))]
+        _FLOAT_FASTER[key] = timings[1] < timings[0]
+    return _FLOAT_FASTER[key]
+
+
+def _best_of_three(run) -> float:
+    run()  # warm-up: the kernel is chosen on the first call
+    best = float("inf")
+    for _ in range(3):
+        start = time.perf_counter()
+        run()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def _codes_dtype(exact_in_float: bool, rows: int, depth: int, columns: int) -> torch.dtype:
+    """int8 for torch._int_mm, or fp32 (the same integers) where that product is exact and faster."""
+    return torch.float32 if exact_in_float and float_products_faster(rows, depth, columns) else torch.int8
 
 
 @dataclass(frozen=True)
 class QuantizedKeys:
-    """One layer's cross-attention keys: int8 codes [H_kv, D_h, T] (each key a column, for
-    torch._int_mm's [K, N] operand) and each key's scale, fp32 [H_kv, 1, T]."""
+    """One layer's cross-attention keys: integer codes [H_kv, D_h, T] (each key a column, for
+    torch._int_mm's [K, N] operand; int8, or fp32 for the float kernel) and each key's scale, fp32
+    [H_kv, 1, T]."""
 
     codes: torch.Tensor
     scales: torch.Tensor
@@ -63,8 +109,9 @@ def quantize_keys(keys: torch.Tensor) -> QuantizedKeys:
     heads, frames, head_dim = keys.shape
     centred = keys.float() - keys.float().mean(dim=1, keepdim=True)
     codes, scales = quantize_rows(centred.reshape(heads * frames, head_dim), weight_range())
+    dtype = _codes_dtype(float_sums_exact(head_dim, QMAX, weight_range()), TIMING_ROWS, head_dim, frames)
     return QuantizedKeys(
-        codes.view(heads, frames, head_dim).transpose(1, 2).contiguous(), scales.view(heads, 1, frames)
+        codes.view(heads, frames, head_dim).transpose(1, 2).to(dtype).contiguous(), scales.view(heads, 1, frames)
     )
 
 
@@ -74,18 +121,21 @@ def integer_scores(queries: torch.Tensor, keys: QuantizedKeys) -> torch.Tensor:
     heads, rows, head_dim = queries.shape
     codes, row_scales = quantize_rows(queries.reshape(heads * rows, head_dim))
     codes = codes.view(heads, rows, head_dim)
-    sums = torch.empty((heads, rows, keys.codes.shape[2]), dtype=torch.int32)
-    for head in range(heads):
-        torch._int_mm(codes[head], keys.codes[head], out=sums[head])
+    if keys.codes.dtype == torch.float32:  # exact: every sum an fp32 integer (quantize_keys)
+        sums = torch.matmul(codes.float(), keys.codes)
+    else:
+        sums = torch.empty((heads, rows, keys.codes.shape[2]), dtype=torch.int32)
+        for head in range(heads):
+            torch._int_mm(codes[head], keys.codes[head], out=sums[head])
     scores = torch.mul(sums, row_scales.view(heads, rows, 1))  # int32 x fp32: converted and multiplied in one pass
     return scores.mul_(keys.scales)
 
 
 @dataclass(frozen=True)
 class QuantizedValues:
-    """One layer's cross-attention values: int8 codes [H_kv, D_h, T] (each channel a row, torch._int_mm's
-    [M, K] operand, so the full range: the saturating AVX2 kernel limits the other operand) and each
-    channel's scale, fp32 [H_kv, D_h, 1]."""
+    """One layer's cross-attention values: integer codes [H_kv, D_h, T] (each channel a row,
+    torch._int_mm's [M, K] operand, so the full range: the saturating AVX2 kernel limits the other
+    operand; int8, or fp32 for the float kernel) and each channel's scale, fp32 [H_kv, D_h, 1]."""
 
     codes: torch.Tensor
     scales: torch.Tensor
@@ -103,7 +153,9 @@ def quantize_values(values_t: torch.Tensor) -> QuantizedValues:
     """values fp32 [H_kv, D_h, T] -> QuantizedValues (each channel over the frames by its own absmax)."""
     heads, head_dim, frames = values_t.shape
     codes, scales = quantize_rows(values_t.reshape(heads * head_dim, frames), QMAX)
-    return QuantizedValues(codes.view(heads, head_dim, frames), scales.view(heads, head_dim, 1))
+    exact = float_sums_exact(frames, QMAX, weight_range())  # the weights' digits: at most weight_range
+    dtype = _codes_dtype(exact, head_dim, frames, 2 * TIMING_ROWS)
+    return QuantizedValues(codes.view(heads, head_dim, frames).to(dtype), scales.view(heads, head_dim, 1))
 
 
 def integer_weighted_sum(weights: torch.Tensor, values: QuantizedValues) -> torch.Tensor:
@@ -113,11 +165,14 @@ def integer_weighted_sum(weights: torch.Tensor, values: QuantizedValues) -> torc
     scales = weights.amax(dim=-1, keepdim=True).clamp_(min=TINY).div_(base * base - 1)
     levels = torch.div(weights, scales).round_()  # in [0, base^2 - 1], as quantize_rows' bound
     high = levels.mul(1.0 / base).floor_()  # exact: base is a power of two, the levels below 2^14
-    digits = torch.empty((heads, 2 * rows, weights.shape[2]), dtype=torch.int8)  # hi rows, then lo rows
+    digits = torch.empty((heads, 2 * rows, weights.shape[2]), dtype=values.codes.dtype)  # hi rows, then lo rows
     digits[:, :rows] = high
     digits[:, rows:] = levels.sub_(high, alpha=base)  # exact: integers below 2^14
-    sums = torch.empty((heads, values.codes.shape[1], 2 * rows), dtype=torch.int32)
-    for head in range(heads):
-        torch._int_mm(values.codes[head], digits[head].t(), out=sums[head])
+    if values.codes.dtype == torch.float32:  # exact: every sum an fp32 integer (quantize_values)
+        sums = torch.matmul(values.codes, digits.transpose(1, 2))
+    else:
+        sums = torch.empty((heads, values.codes.shape[1], 2 * rows), dtype=torch.int32)
+        for head in range(heads):
+            torch._int_mm(values.codes[head], digits[head].t(), out=sums[head])
     out = torch.mul(sums[:, :, :rows], float(base)).add_(sums[:, :, rows:])  # [H_kv, D_h, R]
     return out.mul_(scales.transpose(1, 2)).mul_(values.scales).transpose(1, 2)

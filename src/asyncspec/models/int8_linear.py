@@ -17,29 +17,33 @@ whole call's absmax, so a row's output would depend on the other rows of the cal
 
 `torch._int_mm` takes the weight as [K, N]; at some shapes the transposed view of an [N, K] tensor
 is faster (Whisper's 51,865-row output projection: 4.2 ms against 7.3 ms on a 2-core AMD EPYC),
-at others the contiguous [K, N]; a third layout is oneDNN's own, packed once at load
-(models/int8_packed.py). The integers are the same in each, so each linear keeps the layout
-measured fastest at load.
+at others the contiguous [K, N]; two more are weights packed once at load into a library's own
+layout: oneDNN's (models/int8_packed.py) and FBGEMM's (models/int8_fbgemm.py, the fast one on an
+AVX2-only CPU, where `_int_mm` has no fast path). The integers are the same in each, so each
+linear keeps the layout measured fastest at load.
 """
 
 from __future__ import annotations
 
+import functools
 import time
+from collections.abc import Callable
 
 import torch
 
-from asyncspec.models import int8_packed
+from asyncspec.models import int8_fbgemm, int8_packed
 
 QMAX = 127  # symmetric: -128 is never produced, so no product needs its asymmetric range
-# Without VNNI (AVX2), oneDNN adds u8 x s8 products in saturating int16 pairs, the signed input
-# shifted by 128: 2 * 255 * 127 overflows, 2 * 255 * 63 = 32,130 does not. So on such a CPU the
+# Without VNNI (AVX2), oneDNN and FBGEMM add u8 x s8 products in saturating int16 pairs, the signed
+# input shifted by 128: 2 * 255 * 127 overflows, 2 * 255 * 63 = 32,130 does not. So on such a CPU the
 # weights use 7 bits (measured by `weight_range`), as FBGEMM's reduce_range does.
 REDUCED_WEIGHT_QMAX = 63
 TINY = 1e-30  # an all-zero row has scale TINY and quantizes to zeros
 TIMING_ROWS = 8  # the decoding width: the call every linear runs most
-_LAYOUTS: dict[tuple[int, int], str] = {}  # (N, K) -> "kn", "nk" or "packed", measured once per process
+_LAYOUTS: dict[tuple[int, int], str] = {}  # (N, K) -> "kn", "nk", "packed" or "fbgemm", measured once per process
 INT_MM_LAYOUTS = ("kn", "nk")
-PACKED_PROBE_COLUMNS = 256  # the packed kernel's exactness probe: its blocking over N repeats
+PREPACKED_LAYOUTS = ("packed", "fbgemm")  # a library's own layout, packed once at load
+PACKED_PROBE_COLUMNS = 256  # a packed kernel's exactness probe: its blocking over N repeats
 
 
 def quantize_rows(x: torch.Tensor, qmax: int = QMAX) -> tuple[torch.Tensor, torch.Tensor]:
@@ -55,13 +59,22 @@ _WEIGHT_RANGE: list[int] = []  # measured once per process
 
 
 def weight_range() -> int:
-    """The largest weight magnitude whose products torch._int_mm sums exactly on this CPU: 127, or
-    REDUCED_WEIGHT_QMAX where full-range products saturate (then 127 again if neither is exact,
-    and the self-test fails the target)."""
+    """The largest weight magnitude whose products torch._int_mm and FBGEMM (where torch has it) sum
+    exactly on this CPU: 127, or REDUCED_WEIGHT_QMAX where full-range products saturate. FBGEMM
+    counts: on an AVX2-only CPU it is the fast kernel, and it saturates at 8 bits where `_int_mm`
+    may not. If neither range is exact with FBGEMM, `_int_mm`'s alone decides (then 127 again if
+    neither is exact, and the self-test fails the target). Fixed per machine, never by timing:
+    the range changes the weights' bits."""
     if not _WEIGHT_RANGE:
-        exact = products_exact(512, 64, weight_max=QMAX, kernels=INT_MM_LAYOUTS)
-        reduced = not exact and products_exact(512, 64, weight_max=REDUCED_WEIGHT_QMAX, kernels=INT_MM_LAYOUTS)
-        _WEIGHT_RANGE.append(REDUCED_WEIGHT_QMAX if reduced else QMAX)
+        kernel_sets = [(*INT_MM_LAYOUTS, "fbgemm"), INT_MM_LAYOUTS] if int8_fbgemm.available() else [INT_MM_LAYOUTS]
+        chosen = QMAX
+        for kernels in kernel_sets:
+            if products_exact(512, 64, weight_max=QMAX, kernels=kernels):
+                break
+            if products_exact(512, 64, weight_max=REDUCED_WEIGHT_QMAX, kernels=kernels):
+                chosen = REDUCED_WEIGHT_QMAX
+                break
+        _WEIGHT_RANGE.append(chosen)
     return _WEIGHT_RANGE[0]
 
 
@@ -85,22 +98,22 @@ class Int8Linear(torch.nn.Module):
         self.register_buffer("weight_scale", scale.reshape(1, -1))  # [1, N]
         self.register_buffer("bias", None if bias is None else bias.detach().float().reshape(1, -1))
         self.layout, timed = (layout, None) if layout else measured_layout(quantized)
-        # "kn": a contiguous [K, N] tensor; "nk" and "packed": the [N, K] tensor (passed to
-        # torch._int_mm as its transposed view; packed, kept for copies)
+        # "kn": a contiguous [K, N] tensor; "nk" and the prepacked ones: the [N, K] tensor (passed
+        # to torch._int_mm as its transposed view; prepacked, kept for copies)
         self.register_buffer("weight_q", quantized.t().contiguous() if self.layout == "kn" else quantized)
-        self.packed = None
-        if self.layout == "packed":  # the packing timed on this very weight, else a new one
-            self.packed = timed or int8_packed.PackedProducts(quantized, TIMING_ROWS, weight_range())
+        self.prepacked = None
+        if self.layout in PREPACKED_LAYOUTS:  # the packing timed on this very weight, else a new one
+            self.prepacked = timed or prepack(self.layout, quantized)
 
     @classmethod
     def from_linear(cls, linear: torch.nn.Linear) -> Int8Linear:
         return cls(linear.weight, linear.bias)
 
     def integer_products(self, x_q: torch.Tensor) -> torch.Tensor:
-        """int8 [M, K] -> the exact sums [M, N]: int32, or from the packed kernel fp32 (the same
+        """int8 [M, K] -> the exact sums [M, N]: int32, or from a prepacked kernel fp32 (the same
         integers, each converted once, as `.float()` converts the int32)."""
-        if self.packed is not None:
-            return self.packed(x_q)
+        if self.prepacked is not None:
+            return self.prepacked(x_q)
         weight = self.weight_q if self.layout == "kn" else self.weight_q.t()
         return torch._int_mm(x_q, weight)
 
@@ -129,20 +142,34 @@ def shared_input(linears: list[torch.nn.Module], x: torch.Tensor) -> list[torch.
     return [linear.from_quantized(x_q, scale) for linear in int8]
 
 
-def measured_layout(quantized: torch.Tensor) -> tuple[str, int8_packed.PackedProducts | None]:
+Prepacked = int8_packed.PackedProducts | int8_fbgemm.FbgemmProducts
+
+
+def prepack(layout: str, quantized: torch.Tensor) -> Prepacked:
+    """The weight [N, K] packed for the "packed" (oneDNN) or "fbgemm" kernel."""
+    if layout == "fbgemm":
+        return int8_fbgemm.FbgemmProducts(quantized)
+    return int8_packed.PackedProducts(quantized, TIMING_ROWS, weight_range())
+
+
+def measured_layout(quantized: torch.Tensor) -> tuple[str, Prepacked | None]:
     """The fastest weight layout at the decoding width, for this [N, K] shape: torch._int_mm on
-    [K, N] or on [N, K] transposed, or oneDNN's packed kernel where it is exact here. With it,
-    when this call timed the packed kernel on `quantized` and it won, that packing, to keep
-    (packing a 151,936 x 1,536 weight takes over a second)."""
+    [K, N] or on [N, K] transposed, or a prepacked kernel (oneDNN's, FBGEMM's) where it is exact
+    here. With it, when this call timed a prepacked kernel on `quantized` and it won, that
+    packing, to keep (packing a 151,936 x 1,536 weight takes over a second)."""
     n, k = quantized.shape
-    packed = None
+    packings: dict[str, Prepacked] = {}
     if (n, k) not in _LAYOUTS:
         probe = torch.ones(TIMING_ROWS, k, dtype=torch.int8)
         kn = quantized.t().contiguous()
-        candidates = {"kn": lambda: torch._int_mm(probe, kn), "nk": lambda: torch._int_mm(probe, quantized.t())}
-        if packed_exact(k):
-            packed = int8_packed.PackedProducts(quantized, TIMING_ROWS, weight_range())
-            candidates["packed"] = lambda: packed(probe)
+        candidates: dict[str, Callable[[], torch.Tensor]] = {
+            "kn": lambda: torch._int_mm(probe, kn),
+            "nk": lambda: torch._int_mm(probe, quantized.t()),
+        }
+        for layout in PREPACKED_LAYOUTS:
+            if prepacked_exact(layout, k):
+                packings[layout] = prepack(layout, quantized)
+                candidates[layout] = functools.partial(packings[layout], probe)
         timings = {}
         for name, run in candidates.items():
             run()  # warm-up: the kernel is chosen on the first call
@@ -152,20 +179,20 @@ def measured_layout(quantized: torch.Tensor) -> tuple[str, int8_packed.PackedPro
             timings[name] = time.perf_counter() - start
         _LAYOUTS[(n, k)] = min(timings, key=timings.__getitem__)
     layout = _LAYOUTS[(n, k)]
-    return layout, packed if layout == "packed" else None
+    return layout, packings.get(layout)
 
 
-_PACKED_EXACT: dict[tuple[int, int], bool] = {}  # (K, weight range) -> exact at that depth here
+_PREPACKED_EXACT: dict[tuple[str, int, int], bool] = {}  # (layout, K, weight range) -> exact here
 
 
-def packed_exact(k: int) -> bool:
-    """Is oneDNN's packed kernel here, and exact at depth `k` on this CPU (in its chunks,
-    int8_packed.py) with the weight range in use?"""
-    key = (k, weight_range())
-    if key not in _PACKED_EXACT:
-        exact = int8_packed.available() and products_exact(k, PACKED_PROBE_COLUMNS, kernels=("packed",))
-        _PACKED_EXACT[key] = exact
-    return _PACKED_EXACT[key]
+def prepacked_exact(layout: str, k: int) -> bool:
+    """Is the "packed" (oneDNN, in its chunks: int8_packed.py) or "fbgemm" kernel in this torch,
+    and exact at depth `k` on this CPU with the weight range in use?"""
+    key = (layout, k, weight_range())
+    if key not in _PREPACKED_EXACT:
+        here = int8_fbgemm.available() if layout == "fbgemm" else int8_packed.available()
+        _PREPACKED_EXACT[key] = here and products_exact(k, PACKED_PROBE_COLUMNS, kernels=(layout,))
+    return _PREPACKED_EXACT[key]
 
 
 def quantize_linears(module: torch.nn.Module, quantized: dict | None = None, prefix: str = "") -> int:
@@ -200,10 +227,10 @@ def products_exact(
     """Does torch._int_mm (or `matmul`) compute exact int32 sums here, at the extremes (inputs
     +-127, weights +-weight_max, by default the range in use: where a kernel that pairs products
     into int16 would saturate)? Checked against float64, exact below 2^53, in both weight layouts,
-    and in the packed kernel wherever a linear may use it (its fp32 sums against the exact sums
-    rounded once to fp32). `kernels` restricts the check to some of "kn", "nk" and "packed"."""
+    and in each prepacked kernel wherever a linear may use it (its fp32 sums against the exact sums
+    rounded once to fp32). `kernels` restricts the check to some of "kn", "nk", "packed" and "fbgemm"."""
     matmul = matmul or torch._int_mm
-    kernels = kernels or ("kn", "nk", *(("packed",) if packed_exact(k) else ()))
+    kernels = kernels or (*INT_MM_LAYOUTS, *(layout for layout in PREPACKED_LAYOUTS if prepacked_exact(layout, k)))
     w_max = weight_max if weight_max is not None else weight_range()
     generator = torch.Generator().manual_seed(seed)
     x = torch.randint(-QMAX, QMAX + 1, (rows, k), generator=generator, dtype=torch.int8)
@@ -217,10 +244,11 @@ def products_exact(
         "kn": lambda: matmul(x, w.t().contiguous()),
         "nk": lambda: matmul(x, w.t()),
         "packed": lambda: int8_packed.PackedProducts(w, rows, w_max)(x),
+        "fbgemm": lambda: int8_fbgemm.FbgemmProducts(w)(x),
     }
     return all(torch.equal(runs[kernel]().double(), _as_output(reference, kernel)) for kernel in kernels)
 
 
 def _as_output(exact: torch.Tensor, kernel: str) -> torch.Tensor:
-    """The exact float64 sums as `kernel` returns them: int32 (exact), or packed fp32 (rounded once)."""
-    return exact.float().double() if kernel == "packed" else exact
+    """The exact float64 sums as `kernel` returns them: int32 (exact), or prepacked fp32 (rounded once)."""
+    return exact.float().double() if kernel in PREPACKED_LAYOUTS else exact

@@ -25,6 +25,9 @@ from asyncspec.models.int8_linear import TIMING_ROWS, Int8Linear, products_exact
 from asyncspec.models.threads import openmp_settings
 
 REPEATS = 5
+# Bumped when the candidates' kernels change, so a choice cached before is timed again (2: FBGEMM's
+# int8 linears, the fast int8 path of an AVX2-only CPU)
+KERNELS_REVISION = 2
 ROUNDS = 3  # candidates timed in turn, this many times: a stall during one pass cannot decide
 
 
@@ -118,7 +121,8 @@ def choose_precision(model_dir: str | Path) -> PrecisionChoice:
 def _cache_file(shapes: list[tuple[int, int]]) -> Path:
     from asyncspec.models.selftest import machine_identity
 
-    return entry_path("precision", machine_identity() | {"shapes": shapes, "openmp": openmp_settings()})
+    key = {"shapes": shapes, "openmp": openmp_settings(), "kernels": KERNELS_REVISION}
+    return entry_path("precision", machine_identity() | key)
 
 
 def _read(path: Path) -> PrecisionChoice | None:

@@ -32,7 +32,13 @@ from asyncspec.models.narrow_check import full_width, narrow_check
 from asyncspec.models.row_probe import compare_rows, kv_rows, probe_tokens
 from asyncspec.models.threads import torch_threads
 
-ISA_VARIABLES = ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS", "ATEN_CPU_CAPABILITY")
+ISA_VARIABLES = (
+    "ONEDNN_MAX_CPU_ISA",
+    "DNNL_MAX_CPU_ISA",
+    "MKL_ENABLE_INSTRUCTIONS",
+    "ATEN_CPU_CAPABILITY",
+    "FBGEMM_ENABLE_INSTRUCTIONS",
+)
 EXTRA_TOKENS = 3  # the probe sequence is one full block plus this many tokens
 PROMPT_LEN = 4
 
@@ -265,8 +271,9 @@ def probe_prompt(backend) -> list[int]:
 # blocks, attended by attend_prompt; 5: a stacked call's cross-attention one block at a time; 6: the
 # int8 engine's cross-attention weighted sums in integers; 7: prompt blocks fitted to the prompt,
 # Whisper's up to 128 rows; 8: the narrow check; 9: narrow widths for int8 alone, a float
-# engine's revision-8 verdict could carry widths its real rows did not keep).
-VERDICT_REVISION = 9
+# engine's revision-8 verdict could carry widths its real rows did not keep; 10: FBGEMM's int8
+# linears and fp32 products of the cross-attention's integer codes).
+VERDICT_REVISION = 10
 
 
 def machine_identity() -> dict:
