@@ -180,3 +180,29 @@ def test_a_placement_timed_under_other_openmp_settings_is_not_read(tmp_path, mon
     assert _cache_file(target) == passive
     monkeypatch.delenv("OMP_WAIT_POLICY")
     assert _cache_file(target) != passive
+
+
+def test_the_producers_thread_count_variable_does_not_key_the_placement_apart(tmp_path, monkeypatch):
+    """An As²d process sets OMP_NUM_THREADS for its producer's worker; a target-only process does
+    not. Both must read one placement (its dtype is part of the target), or a target-only run may
+    compute other text than As²d's. Control: OMP_WAIT_POLICY still keys it apart."""
+    from asyncspec.models import precision_choice
+    from asyncspec.models.encoder_placement import _cache_file
+
+    from asyncspec.models import threads
+
+    monkeypatch.setenv("ASYNCSPEC_CACHE", str(tmp_path))
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    target = tiny_whisper(torch.float32, seed=3)
+    shapes = [(64, 64)]
+    alone, precision_alone = _cache_file(target), precision_choice._cache_file(shapes)
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    assert _cache_file(target) == alone and precision_choice._cache_file(shapes) == precision_alone
+    monkeypatch.setattr(threads, "THREAD_COUNT_VARIABLES", ())  # the control: every OMP_ variable keyed
+    assert _cache_file(target) != alone
+    monkeypatch.undo()
+    monkeypatch.setenv("ASYNCSPEC_CACHE", str(tmp_path))
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")
+    assert _cache_file(target) != alone and precision_choice._cache_file(shapes) != precision_alone

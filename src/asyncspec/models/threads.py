@@ -25,6 +25,18 @@ def torch_threads(threads: int) -> Iterator[None]:
         torch.set_num_threads(before)
 
 
+# Not a setting a measurement depends on: it only sets the default thread count, and the keys carry
+# the counts they measured. The As²d producer sets it in this process's environment for the worker
+# it spawns, so with it an As²d process and a target-only one keyed their encoder placement apart,
+# measured it apart, and placed the encoder in int8 and fp32 (2-core Zen 2, 2026-12-06): a cold
+# `transcribe --method target` then gave other text than the bench's warm target.
+THREAD_COUNT_VARIABLES = ("OMP_NUM_THREADS",)
+
+
 def openmp_settings() -> dict[str, str]:
-    """The OpenMP variables in effect: a call's timing depends on them (OMP_WAIT_POLICY above all)."""
-    return {name: value for name, value in sorted(os.environ.items()) if name.startswith(("OMP_", "KMP_"))}
+    """The OpenMP variables in effect that a call's timing depends on (OMP_WAIT_POLICY above all)."""
+    return {
+        name: value
+        for name, value in sorted(os.environ.items())
+        if name.startswith(("OMP_", "KMP_")) and name not in THREAD_COUNT_VARIABLES
+    }
