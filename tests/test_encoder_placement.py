@@ -186,10 +186,8 @@ def test_the_producers_thread_count_variable_does_not_key_the_placement_apart(tm
     """An As²d process sets OMP_NUM_THREADS for its producer's worker; a target-only process does
     not. Both must read one placement (its dtype is part of the target), or a target-only run may
     compute other text than As²d's. Control: OMP_WAIT_POLICY still keys it apart."""
-    from asyncspec.models import precision_choice
+    from asyncspec.models import precision_choice, threads
     from asyncspec.models.encoder_placement import _cache_file
-
-    from asyncspec.models import threads
 
     monkeypatch.setenv("ASYNCSPEC_CACHE", str(tmp_path))
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
