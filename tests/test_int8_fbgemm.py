@@ -14,10 +14,7 @@ import copy
 import pytest
 import torch
 
-from asyncspec.decoding.methods import METHODS
-from asyncspec.decoding.result import DecodeConfig
 from asyncspec.models import int8_attention, int8_fbgemm, int8_linear
-from asyncspec.models.base import DecodeRequest
 from asyncspec.models.int8_attention import (
     float_sums_exact,
     integer_scores,
@@ -34,8 +31,9 @@ from asyncspec.models.int8_linear import (
     products_exact,
     weight_range,
 )
-from asyncspec.models.selftest import check_invariance, inexact_int8_shapes
-from conftest import synthetic_speech, tiny_causal, tiny_whisper
+from asyncspec.models.selftest import check_invariance
+from conftest import synthetic_speech, tiny_whisper
+from test_int8_packed import assert_targets_in_layout_are_exact
 
 pytestmark = pytest.mark.skipif(not int8_fbgemm.available(), reason="this torch build has no FBGEMM")
 
@@ -114,20 +112,7 @@ def test_where_this_cpus_fbgemm_saturates_the_probe_says_so_and_the_weights_are_
 def test_fbgemm_int8_targets_pass_the_self_test_and_speculate_exactly(monkeypatch):
     assert prepacked_exact("fbgemm", 64)
     monkeypatch.setattr(int8_linear, "measured_layout", lambda quantized: ("fbgemm", None))
-    config = DecodeConfig()
-    causal = tiny_causal("int8", seed=23)
-    assert causal.output_int8.layout == "fbgemm" and inexact_int8_shapes(causal) == []
-    assert check_invariance(causal).passed
-    drafter = tiny_causal(torch.float32, seed=24, engine="transformers")
-    request = DecodeRequest((5, 9, 14, 2), max_new_tokens=40)
-    reference = METHODS["target"](causal, None, request, config).tokens
-    assert METHODS["sd"](causal, drafter, request, config).tokens == reference
-    whisper = tiny_whisper("int8", seed=23)
-    assert whisper.output_int8.layout == "fbgemm" and check_invariance(whisper).passed
-    speech = whisper.request(synthetic_speech(2.0, seed=23), max_new_tokens=30)
-    whisper_drafter = tiny_whisper(torch.float32, seed=23, engine="transformers")
-    expected = METHODS["target"](whisper, None, speech, config).tokens
-    assert METHODS["specasr"](whisper, whisper_drafter, speech, config).tokens == expected
+    assert_targets_in_layout_are_exact("fbgemm", seed=23)
 
 
 def attention_inputs(frames: int, seed: int):

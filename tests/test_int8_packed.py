@@ -114,17 +114,23 @@ def every_linear_packed(monkeypatch):
 
 
 def test_packed_int8_targets_pass_the_self_test_and_speculate_exactly(every_linear_packed):
+    assert_targets_in_layout_are_exact("packed", seed=21)
+
+
+def assert_targets_in_layout_are_exact(layout: str, seed: int) -> None:
+    """Tiny causal and Whisper int8 targets whose every linear runs in `layout` pass the self-test,
+    and SD / SpecASR on them equal target-only (measured_layout already patched to give `layout`)."""
     config = DecodeConfig()
-    causal = tiny_causal("int8", seed=21)
-    assert causal.output_int8.layout == "packed" and inexact_int8_shapes(causal) == []
+    causal = tiny_causal("int8", seed=seed)
+    assert causal.output_int8.layout == layout and inexact_int8_shapes(causal) == []
     assert check_invariance(causal).passed
-    drafter = tiny_causal(torch.float32, seed=22, engine="transformers")
+    drafter = tiny_causal(torch.float32, seed=seed + 1, engine="transformers")
     request = DecodeRequest((5, 9, 14, 2), max_new_tokens=40)
     reference = METHODS["target"](causal, None, request, config).tokens
     assert METHODS["sd"](causal, drafter, request, config).tokens == reference
-    whisper = tiny_whisper("int8", seed=21)
-    assert whisper.output_int8.layout == "packed" and check_invariance(whisper).passed
-    speech = whisper.request(synthetic_speech(2.0, seed=21), max_new_tokens=30)
-    whisper_drafter = tiny_whisper(torch.float32, seed=21, engine="transformers")
+    whisper = tiny_whisper("int8", seed=seed)
+    assert whisper.output_int8.layout == layout and check_invariance(whisper).passed
+    speech = whisper.request(synthetic_speech(2.0, seed=seed), max_new_tokens=30)
+    whisper_drafter = tiny_whisper(torch.float32, seed=seed, engine="transformers")
     expected = METHODS["target"](whisper, None, speech, config).tokens
     assert METHODS["specasr"](whisper, whisper_drafter, speech, config).tokens == expected

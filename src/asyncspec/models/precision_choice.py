@@ -8,8 +8,8 @@ wins where bf16 is emulated (a CPU without avx512_bf16 or AMX) and VNNI makes in
 fast, and here on an AMD EPYC with both; on an AVX2-only CPU too since FBGEMM is a layout (Zen 2,
 Whisper base: int8 16.0 ms, fp32 48.3 ms, bf16 117.6 ms a call's linears), where before only
 torch._int_mm's slow path was there and fp32 won (Zen 1: fp32 67 ms, bf16 86 ms, int8 228 ms). int8
-is a candidate only if its integer products are exact on this CPU. The choice is cached per machine (CPU model and flags,
-ISA caps, torch version, threads, shapes).
+is a candidate only if its integer products are exact on this CPU. The choice is cached per
+machine (CPU model and flags, ISA caps, torch version, threads, shapes).
 """
 
 from __future__ import annotations
