@@ -40,12 +40,11 @@ the two is measured once per process and shape; the integers, and so the bits, a
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 import torch
 
-from asyncspec.models.int8_linear import QMAX, TIMING_ROWS, TINY, quantize_rows, weight_range
+from asyncspec.models.int8_linear import QMAX, TIMING_ROWS, TINY, quantize_rows, seconds_of_three, weight_range
 
 FP32_EXACT = 1 << 24  # every integer up to this is an fp32
 _FLOAT_FASTER: dict[tuple[int, int, int], bool] = {}  # (rows, depth, columns) -> measured once per process
@@ -59,24 +58,14 @@ def float_sums_exact(depth: int, a_max: int, b_max: int) -> bool:
 
 def float_products_faster(rows: int, depth: int, columns: int) -> bool:
     """Is an fp32 product [rows, depth] x [depth, columns] of integer codes faster here than
-    torch._int_mm's? Measured once per process and shape (best of 3 after a warm-up each)."""
+    torch._int_mm's? Measured once per process and shape (int8_linear.seconds_of_three)."""
     key = (rows, depth, columns)
     if key not in _FLOAT_FASTER:
         a, b = torch.ones(rows, depth, dtype=torch.int8), torch.ones(depth, columns, dtype=torch.int8)
         a_float, b_float = a.float(), b.float()
-        timings = [_best_of_three(lambda: torch._int_mm(a, b)), _best_of_three(lambda: torch.mm(a_float, b_float))]
-        _FLOAT_FASTER[key] = timings[1] < timings[0]
+        float_seconds = seconds_of_three(lambda: torch.mm(a_float, b_float))
+        _FLOAT_FASTER[key] = float_seconds < seconds_of_three(lambda: torch._int_mm(a, b))
     return _FLOAT_FASTER[key]
-
-
-def _best_of_three(run) -> float:
-    run()  # warm-up: the kernel is chosen on the first call
-    best = float("inf")
-    for _ in range(3):
-        start = time.perf_counter()
-        run()
-        best = min(best, time.perf_counter() - start)
-    return best
 
 
 def _codes_dtype(exact_in_float: bool, rows: int, depth: int, columns: int) -> torch.dtype:

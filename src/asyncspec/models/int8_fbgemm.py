@@ -27,7 +27,8 @@ import warnings
 
 import torch
 
-SHIFT = 128  # int8 in [-127, 127] -> uint8 in [1, 255]
+from asyncspec.models.int8_packed import SHIFT  # int8 in [-127, 127] -> uint8 in [1, 255], as oneDNN's
+
 _ENGINE_LOCK = threading.Lock()  # the prepack reads torch's process-wide quantized engine
 
 

@@ -170,16 +170,19 @@ def measured_layout(quantized: torch.Tensor) -> tuple[str, Prepacked | None]:
             if prepacked_exact(layout, k):
                 packings[layout] = prepack(layout, quantized)
                 candidates[layout] = functools.partial(packings[layout], probe)
-        timings = {}
-        for name, run in candidates.items():
-            run()  # warm-up: the kernel is chosen on the first call
-            start = time.perf_counter()
-            for _ in range(3):
-                run()
-            timings[name] = time.perf_counter() - start
+        timings = {name: seconds_of_three(run) for name, run in candidates.items()}
         _LAYOUTS[(n, k)] = min(timings, key=timings.__getitem__)
     layout = _LAYOUTS[(n, k)]
     return layout, packings.get(layout)
+
+
+def seconds_of_three(run: Callable[[], object]) -> float:
+    """Seconds of three calls `run()` after one untimed (the kernel is chosen on the first call)."""
+    run()
+    start = time.perf_counter()
+    for _ in range(3):
+        run()
+    return time.perf_counter() - start
 
 
 _PREPACKED_EXACT: dict[tuple[str, int, int], bool] = {}  # (layout, K, weight range) -> exact here
