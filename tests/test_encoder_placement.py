@@ -8,6 +8,7 @@ import torch
 
 from asyncspec.models import encoder_placement
 from asyncspec.models.encoder_placement import fastest, place_encoder, thread_candidates
+from asyncspec.models.int8_linear import QMAX, REDUCED_WEIGHT_QMAX
 from conftest import synthetic_speech, tiny_whisper
 
 
@@ -83,6 +84,7 @@ def test_auto_takes_the_int8_encoder_where_its_products_pay_and_it_is_fastest(tm
 
     monkeypatch.setattr(encoder_placement, "measure", measure)
     monkeypatch.setattr(encoder_placement, "int8_pays_here", lambda encoder: True)
+    monkeypatch.setattr(encoder_placement, "weight_range", lambda: QMAX)  # 8-bit weights, as with VNNI
     placed = place_encoder(tiny_whisper(torch.float32, seed=6))
     assert timed == [("fp32", "bf16", "int8")] and placed.dtype == "int8"
     # control: where int8 products are slower than fp32's, int8 is never timed, however fast it would be
@@ -92,6 +94,21 @@ def test_auto_takes_the_int8_encoder_where_its_products_pay_and_it_is_fastest(tm
     placed = place_encoder(tiny_whisper(torch.float32, seed=6))
     assert timed == [("fp32", "bf16")] and placed.dtype == "fp32"
     assert place_encoder(tiny_whisper(torch.float32, seed=6)).cached and timed == [("fp32", "bf16")]  # decided once
+
+
+def test_auto_does_not_take_a_seven_bit_int8_encoder_however_fast(tmp_path, monkeypatch):
+    monkeypatch.setenv("ASYNCSPEC_CACHE", str(tmp_path))
+    monkeypatch.setattr(encoder_placement, "measure", lambda encoder, features, names: _fake_timings(names, 300.0))
+    monkeypatch.setattr(encoder_placement, "int8_pays_here", lambda encoder: True)
+    monkeypatch.setattr(encoder_placement, "weight_range", lambda: REDUCED_WEIGHT_QMAX)
+    placed = place_encoder(tiny_whisper(torch.float32, seed=8))
+    assert placed.dtype == "fp32" and "7 bits" in placed.summary()
+    assert place_encoder(tiny_whisper(torch.float32, seed=8), "int8").dtype == "int8"  # asked for, it runs
+    # control: with 8-bit weights the same timings take int8, and nothing is reported declined
+    monkeypatch.setenv("ASYNCSPEC_CACHE", str(tmp_path / "eight_bits"))
+    monkeypatch.setattr(encoder_placement, "weight_range", lambda: QMAX)
+    placed = place_encoder(tiny_whisper(torch.float32, seed=8))
+    assert placed.dtype == "int8" and "not taken" not in placed.summary()
 
 
 def test_the_int8_probe_follows_the_measured_products(monkeypatch):

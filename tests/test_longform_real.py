@@ -38,7 +38,7 @@ def transcriber():
 
     # The fp32 encoder, whose text the recall bounds below were measured on: at 27 s Whisper base
     # is near a tie between the next sentence and a repeat of the last one, and the encoder's
-    # arithmetic tips it (the int8 encoder, which auto takes on a CPU without bf16: recall 0.845;
+    # arithmetic tips it (the int8 encoder, which auto takes on a CPU with VNNI but no bf16: recall 0.845;
     # faster-whisper int8 on the same audio 0.840 in two of four settings, 0.92-0.94 in the others)
     with Transcriber("whisper-base", ("as2d", "target"), encoder="fp32") as t:
         t.complete_drafting = True  # whole publications, so two runs can be compared byte for byte

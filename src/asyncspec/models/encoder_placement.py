@@ -13,7 +13,11 @@ is the candidate that can beat fp32, so auto times it wherever an int8 product o
 kind is faster than fp32's (`int8_pays_here`): on a CPU without VNNI it is slower, and timing a
 whole pass there cost minutes. Its output lies as far from fp32's as CTranslate2's int8 encoder's
 (faster-whisper's) lies from its float32 (relative error 0.053 against 0.054 on the long-form set's
-windows; scripts/int8_encoder_error.py); WER in docs/int8.md.
+windows; scripts/int8_encoder_error.py); WER in docs/int8.md. Where the CPU's int8 kernels
+saturate at 8-bit weights (no VNNI), the weights use 7 bits (int8_linear.weight_range), and auto
+never takes the int8 encoder there (`int8_accurate_here`): on a Zen 2 EPYC it put WER 0.36 points
+above fp32 on the large long-form set, over the bound int8 is held to, where the int8 decoder with
+the fp32 encoder stayed 0.20 below.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from dataclasses import dataclass
 import torch
 
 from asyncspec.models.cache_entries import entry_path
-from asyncspec.models.int8_linear import Int8Linear, quantize_linears
+from asyncspec.models.int8_linear import QMAX, Int8Linear, quantize_linears, weight_range
 from asyncspec.models.precision_choice import median_seconds
 from asyncspec.models.threads import available_cores, openmp_settings, torch_threads
 
@@ -58,6 +62,7 @@ class EncoderPlacement:
     # machine where it is not must keep one thread count for the target's definition)
     thread_invariant: bool = False
     cached: bool = False
+    int8_declined: str = ""  # why auto did not take the int8 encoder (_why_int8_declined)
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -71,7 +76,9 @@ class EncoderPlacement:
 
     def summary(self) -> str:
         timings = ", ".join(f"{k} {v:.0f} ms" for k, v in self.measured_ms.items())
-        return f"encoder {self.dtype}, {self.threads} thread(s)" + (f" (measured: {timings})" if timings else "")
+        measured = f" (measured: {timings})" if timings else ""
+        declined = f"; int8 not taken: {self.int8_declined}" if self.int8_declined else ""
+        return f"encoder {self.dtype}, {self.threads} thread(s){measured}{declined}"
 
 
 def thread_candidates() -> list[int]:
@@ -159,7 +166,7 @@ def place_encoder(backend, choice: str = "auto") -> EncoderPlacement:
     wanted: tuple[str, ...] = (choice,)
     declined: tuple[str, ...] = ()
     if choice == "auto":
-        int8 = _int8_timed_or_pays(backend.model.model.encoder, measured)
+        int8 = int8_accurate_here() and _int8_timed_or_pays(backend.model.model.encoder, measured)
         wanted, declined = (AUTO_CANDIDATES + ("int8",), ()) if int8 else (AUTO_CANDIDATES, ("int8",))
     missing = [name for name in wanted if measured is None or name not in measured["thread_invariant"]]
     unrecorded = measured is None or not set(declined) <= set(measured["declined"])
@@ -169,7 +176,26 @@ def place_encoder(backend, choice: str = "auto") -> EncoderPlacement:
     eligible = {k: v for k, v in timings.items() if k.split("x")[0] in wanted}
     dtype, threads = fastest(eligible)
     timings = timings if choice == "auto" else eligible  # auto reports every candidate timed
-    return EncoderPlacement(dtype, threads, timings, measured["thread_invariant"][dtype], measured["cached"])
+    invariant, cached = measured["thread_invariant"][dtype], measured["cached"]
+    return EncoderPlacement(dtype, threads, timings, invariant, cached, _why_int8_declined(choice, timings, dtype))
+
+
+def int8_accurate_here() -> bool:
+    """Does the int8 encoder keep 8-bit weights on this CPU (module docstring)? With 7-bit ones its
+    WER left the bound int8 is held to, so auto does not offer it; asked for, it runs."""
+    return weight_range() == QMAX
+
+
+def _why_int8_declined(choice: str, timings: dict[str, float], dtype: str) -> str:
+    """Why auto did not take the int8 encoder, where that is worth reporting: its weights would be
+    7-bit here, or it was timed fastest but within the noise of a float encoder."""
+    if choice != "auto" or dtype == "int8":
+        return ""
+    if not int8_accurate_here():
+        return f"its weights would use {weight_range().bit_length() + 1} bits on this CPU, and WER rose (docs/int8.md)"
+    if timings and min(timings, key=timings.get).startswith("int8x"):
+        return f"not under {INT8_SHARE:.0%} of the fastest float encoder's time"
+    return ""
 
 
 def _int8_timed_or_pays(encoder: torch.nn.Module, measured: dict | None) -> bool:
