@@ -38,7 +38,7 @@ from asyncspec.models.threads import available_cores, openmp_settings, torch_thr
 # the dtype each candidate's input and float layers run in
 ENCODER_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "int8": torch.float32}
 AUTO_CANDIDATES = ("fp32", "bf16")  # and "int8" where `int8_pays_here`
-REPEATS = 2  # timed passes per candidate, after one warm-up
+REPEATS = 2  # timed rounds over the candidates, after one warm-up round
 FRAMES = 1500  # a 30 s window's encoder frames: the rows of each encoder linear
 # auto takes the int8 encoder only where it needs at most this share of the fastest float
 # encoder's time: its text may differ from theirs at a near-tie, and two placements of one Zen 4
@@ -49,15 +49,16 @@ INT8_SHARE = 0.8
 # settings in the key: an entry timed by the test suite (OMP_WAIT_POLICY=PASSIVE, two workers) had
 # every encoder slower on two threads than on one, and a quiet bench then ran bf16 on one thread,
 # 687 ms a window where two threads take ~430; 4, FBGEMM's int8 linears, fast on an AVX2-only CPU
-# where torch._int_mm is not (an entry there had declined int8)
-REVISION = 4
+# where torch._int_mm is not (an entry there had declined int8); 5, the fastest of interleaved
+# passes where it was the slower of two consecutive ones (`measure`)
+REVISION = 5
 
 
 @dataclass(frozen=True)
 class EncoderPlacement:
     dtype: str  # "fp32", "bf16" or "int8"
     threads: int
-    measured_ms: dict[str, float]  # "bf16x2" -> median ms of one 30 s window; empty when not measured
+    measured_ms: dict[str, float]  # "bf16x2" -> ms of its fastest pass over a 30 s window; empty if not measured
     # the chosen dtype's output is bitwise the same on every thread count tried (reported: a
     # machine where it is not must keep one thread count for the target's definition)
     thread_invariant: bool = False
@@ -116,21 +117,26 @@ def place(encoder: torch.nn.Module, name: str) -> None:
 
 @torch.inference_mode()
 def measure(encoder: torch.nn.Module, features: torch.Tensor, names=tuple(ENCODER_DTYPES)) -> dict[str, float]:
-    """Median ms per candidate (dtype `names` x threads) of one pass over `features` [1, mels, 3000]."""
-    timings = {}
+    """ms of each candidate's (dtype `names` x threads) fastest pass over `features` [1, mels, 3000].
+    Every candidate is warmed up, then REPEATS rounds time each candidate once in turn: load that
+    comes and goes (As²d's producer loads its model while the target's encoder is placed) then slows
+    a pass of every candidate rather than all passes of one, and the fastest pass is the least
+    disturbed. One candidate after another, slower of two passes, a Zen 2 EPYC cached fp32 at
+    1,087 ms and int8 at 806 for an encoder that takes 707 and 656 ms when quiet."""
+    runs = {}
     for name in names:
-        dtype = ENCODER_DTYPES[name]
-        candidate = as_candidate(encoder, name)
-        for threads in thread_candidates():
+        candidate, inputs = as_candidate(encoder, name), features.to(ENCODER_DTYPES[name])
+        runs.update({f"{name}x{threads}": (candidate, inputs, threads) for threads in thread_candidates()})
+    fastest_pass = dict.fromkeys(runs, float("inf"))
+    for lap in range(REPEATS + 1):  # lap 0 warms up: kernels are chosen on the first call
+        for key, (candidate, inputs, threads) in runs.items():
             with torch_threads(threads):
-                candidate(features.to(dtype))  # warm-up: kernels are chosen on the first call
-                passes = []
-                for _ in range(REPEATS):
-                    start = time.perf_counter()
-                    candidate(features.to(dtype))
-                    passes.append(time.perf_counter() - start)
-            timings[f"{name}x{threads}"] = round(1000 * sorted(passes)[len(passes) // 2], 1)
-    return timings
+                start = time.perf_counter()
+                candidate(inputs)
+                seconds = time.perf_counter() - start
+            if lap:
+                fastest_pass[key] = min(fastest_pass[key], seconds)
+    return {key: round(1000 * seconds, 1) for key, seconds in fastest_pass.items()}
 
 
 @torch.inference_mode()
