@@ -26,6 +26,8 @@ from asyncspec.models.int8_linear import (
     measured_layout,
     products_exact,
     quantize_rows,
+    remember_layout,
+    remembered_layouts,
 )
 from asyncspec.models.selftest import check_invariance, inexact_int8_shapes
 from conftest import synthetic_speech, tiny_causal, tiny_whisper, word_tokenizer
@@ -248,3 +250,27 @@ def test_generate_says_which_precision_auto_chose_and_computes_in_it(tmp_path, c
     assert f"loaded {target_dir} {chosen}; dtype auto: {chosen} (" in said["default"], said["default"]
     assert f"loaded {target_dir} {chosen}" in said["explicit"] and "dtype auto" not in said["explicit"]
     assert tokens["default"] == tokens["explicit"] and len(tokens["default"]) == 8
+
+
+def test_a_measured_layout_is_remembered_per_machine_and_a_remembered_one_is_checked(tmp_path, monkeypatch):
+    monkeypatch.setenv("ASYNCSPEC_CACHE", str(tmp_path))
+    monkeypatch.setattr(int8_linear, "_LAYOUTS", {})
+    weight = torch.randint(-63, 64, (96, 256), generator=torch.Generator().manual_seed(3), dtype=torch.int8)
+    first, _ = measured_layout(weight)
+    assert remembered_layouts() == {"96x256": first}
+
+    def timed_again(run):
+        raise AssertionError("timed again")
+
+    monkeypatch.setattr(int8_linear, "_LAYOUTS", {})  # a new process
+    monkeypatch.setattr(int8_linear, "seconds_of_three", timed_again)
+    assert measured_layout(weight)[0] == first  # read, not timed
+    # controls: a remembered prepacked layout whose exactness probe fails here, and a damaged
+    # entry, are timed again, never used
+    monkeypatch.setattr(int8_linear, "_LAYOUTS", {})
+    remember_layout("96x256", "fbgemm")
+    monkeypatch.setattr(int8_linear, "prepacked_exact", lambda layout, k: False)
+    with pytest.raises(AssertionError, match="timed again"):
+        measured_layout(weight)
+    int8_linear._layouts_file().write_text("{damaged")
+    assert remembered_layouts() == {}

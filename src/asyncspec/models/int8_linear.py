@@ -20,18 +20,21 @@ is faster (Whisper's 51,865-row output projection: 4.2 ms against 7.3 ms on a 2-
 at others the contiguous [K, N]; two more are weights packed once at load into a library's own
 layout: oneDNN's (models/int8_packed.py) and FBGEMM's (models/int8_fbgemm.py, the fast one on an
 AVX2-only CPU, where `_int_mm` has no fast path). The integers are the same in each, so each
-linear keeps the layout measured fastest at load.
+linear keeps the layout measured fastest at load, remembered per machine (`remembered_layouts`).
 """
 
 from __future__ import annotations
 
 import functools
+import json
 import time
 from collections.abc import Callable
 
 import torch
 
 from asyncspec.models import int8_fbgemm, int8_packed
+from asyncspec.models.cache_entries import entry_path, write_entry
+from asyncspec.models.threads import openmp_settings
 
 QMAX = 127  # symmetric: -128 is never produced, so no product needs its asymmetric range
 # Without VNNI (AVX2), oneDNN and FBGEMM add u8 x s8 products in saturating int16 pairs, the signed
@@ -44,6 +47,7 @@ _LAYOUTS: dict[tuple[int, int], str] = {}  # (N, K) -> "kn", "nk", "packed" or "
 INT_MM_LAYOUTS = ("kn", "nk")
 PREPACKED_LAYOUTS = ("packed", "fbgemm")  # a library's own layout, packed once at load
 PACKED_PROBE_COLUMNS = 256  # a packed kernel's exactness probe: its blocking over N repeats
+LAYOUTS_REVISION = 1  # bumped when a kernel's cost changes, so remembered layouts are timed anew
 
 
 def quantize_rows(x: torch.Tensor, qmax: int = QMAX) -> tuple[torch.Tensor, torch.Tensor]:
@@ -160,20 +164,51 @@ def measured_layout(quantized: torch.Tensor) -> tuple[str, Prepacked | None]:
     n, k = quantized.shape
     packings: dict[str, Prepacked] = {}
     if (n, k) not in _LAYOUTS:
-        probe = torch.ones(TIMING_ROWS, k, dtype=torch.int8)
-        kn = quantized.t().contiguous()
-        candidates: dict[str, Callable[[], torch.Tensor]] = {
-            "kn": lambda: torch._int_mm(probe, kn),
-            "nk": lambda: torch._int_mm(probe, quantized.t()),
-        }
-        for layout in PREPACKED_LAYOUTS:
-            if prepacked_exact(layout, k):
-                packings[layout] = prepack(layout, quantized)
-                candidates[layout] = functools.partial(packings[layout], probe)
-        timings = {name: seconds_of_three(run) for name, run in candidates.items()}
-        _LAYOUTS[(n, k)] = min(timings, key=timings.__getitem__)
+        remembered = remembered_layouts().get(f"{n}x{k}")
+        if remembered in INT_MM_LAYOUTS or (remembered in PREPACKED_LAYOUTS and prepacked_exact(remembered, k)):
+            _LAYOUTS[(n, k)] = remembered
+        else:
+            probe = torch.ones(TIMING_ROWS, k, dtype=torch.int8)
+            kn = quantized.t().contiguous()
+            candidates: dict[str, Callable[[], torch.Tensor]] = {
+                "kn": lambda: torch._int_mm(probe, kn),
+                "nk": lambda: torch._int_mm(probe, quantized.t()),
+            }
+            for layout in PREPACKED_LAYOUTS:
+                if prepacked_exact(layout, k):
+                    packings[layout] = prepack(layout, quantized)
+                    candidates[layout] = functools.partial(packings[layout], probe)
+            timings = {name: seconds_of_three(run) for name, run in candidates.items()}
+            _LAYOUTS[(n, k)] = min(timings, key=timings.__getitem__)
+            remember_layout(f"{n}x{k}", _LAYOUTS[(n, k)])
     layout = _LAYOUTS[(n, k)]
     return layout, packings.get(layout)
+
+
+def remembered_layouts() -> dict[str, str]:
+    """Each weight shape ("NxK") -> its layout measured fastest on this machine, by earlier
+    processes too. Timing the candidates was half of an int8 Whisper base's load on an AVX2-only
+    EPYC (torch._int_mm's slow path: 0.9 of 2.1 s). Every layout sums the same integers, so a
+    stale, lost or damaged entry costs time, never a bit; a remembered prepacked layout is used
+    only where its probe passes."""
+    try:
+        entry = json.loads(_layouts_file().read_text())
+        return {shape: layout for shape, layout in entry.items() if isinstance(layout, str)}
+    except (OSError, ValueError, AttributeError):
+        return {}
+
+
+def remember_layout(shape: str, layout: str) -> None:
+    """Add one shape's layout to this machine's entry (a process writing at once may drop it: then
+    it is timed again)."""
+    write_entry(_layouts_file(), remembered_layouts() | {shape: layout})
+
+
+def _layouts_file():
+    from asyncspec.models.selftest import machine_identity  # it imports this module
+
+    key = {"rows": TIMING_ROWS, "openmp": openmp_settings(), "range": weight_range(), "revision": LAYOUTS_REVISION}
+    return entry_path("int8-layouts", machine_identity() | key)
 
 
 def seconds_of_three(run: Callable[[], object]) -> float:
