@@ -168,21 +168,26 @@ def measured_layout(quantized: torch.Tensor) -> tuple[str, Prepacked | None]:
         if remembered in INT_MM_LAYOUTS or (remembered in PREPACKED_LAYOUTS and prepacked_exact(remembered, k)):
             _LAYOUTS[(n, k)] = remembered
         else:
-            probe = torch.ones(TIMING_ROWS, k, dtype=torch.int8)
-            kn = quantized.t().contiguous()
-            candidates: dict[str, Callable[[], torch.Tensor]] = {
-                "kn": lambda: torch._int_mm(probe, kn),
-                "nk": lambda: torch._int_mm(probe, quantized.t()),
-            }
-            for layout in PREPACKED_LAYOUTS:
-                if prepacked_exact(layout, k):
-                    packings[layout] = prepack(layout, quantized)
-                    candidates[layout] = functools.partial(packings[layout], probe)
-            timings = {name: seconds_of_three(run) for name, run in candidates.items()}
-            _LAYOUTS[(n, k)] = min(timings, key=timings.__getitem__)
+            _LAYOUTS[(n, k)] = _fastest_layout(quantized, packings)
             remember_layout(f"{n}x{k}", _LAYOUTS[(n, k)])
     layout = _LAYOUTS[(n, k)]
     return layout, packings.get(layout)
+
+
+def _fastest_layout(quantized: torch.Tensor, packings: dict[str, Prepacked]) -> str:
+    """Time every layout exact here on `quantized` [N, K]; the prepacked ones' packings go into `packings`."""
+    probe = torch.ones(TIMING_ROWS, quantized.shape[1], dtype=torch.int8)
+    kn = quantized.t().contiguous()
+    candidates: dict[str, Callable[[], torch.Tensor]] = {
+        "kn": lambda: torch._int_mm(probe, kn),
+        "nk": lambda: torch._int_mm(probe, quantized.t()),
+    }
+    for layout in PREPACKED_LAYOUTS:
+        if prepacked_exact(layout, quantized.shape[1]):
+            packings[layout] = prepack(layout, quantized)
+            candidates[layout] = functools.partial(packings[layout], probe)
+    timings = {name: seconds_of_three(run) for name, run in candidates.items()}
+    return min(timings, key=timings.__getitem__)
 
 
 def remembered_layouts() -> dict[str, str]:
@@ -200,8 +205,11 @@ def remembered_layouts() -> dict[str, str]:
 
 def remember_layout(shape: str, layout: str) -> None:
     """Add one shape's layout to this machine's entry (a process writing at once may drop it: then
-    it is timed again)."""
-    write_entry(_layouts_file(), remembered_layouts() | {shape: layout})
+    it is timed again; so is every shape where the cache cannot be written)."""
+    try:
+        write_entry(_layouts_file(), remembered_layouts() | {shape: layout})
+    except OSError:
+        pass
 
 
 def _layouts_file():
