@@ -159,6 +159,30 @@ def test_bench_e2e_fails_where_a_fresh_process_writes_another_text(one_clip, tmp
     assert json.loads((out / "bench_e2e.json").read_text())["warm_cold_differences"] == ["target: clip.wav"]
 
 
+@pytest.mark.real
+def test_bench_e2e_fails_where_a_fresh_process_fails(one_clip, tmp_path, monkeypatch, capsys):
+    """A cold run that stopped has no time to compare: As²d's once stopped on a deployed producer
+    long-form transcription cannot draft with, and the table showed 1.8 s, 0.04x faster-whisper's,
+    and the bench exited 0. Now the table shows its exit code and no ratio, and the bench exits 1."""
+    from asyncspec.benchmarks import e2e_cold
+
+    def stopped(names, files, *_):
+        tail = "asyncspec: error: long-form As²d drafts with the ct2-chunk producer\n"
+        run = {"wall_s": 1.8, "returncode": 2, "texts": [""] * len(files), "stderr_tail": tail}
+        return dict.fromkeys(names, run)
+
+    monkeypatch.setattr(e2e_cold, "cold_walls", stopped)
+    out = tmp_path / "out"
+    argv = ["bench", "e2e", "--audio", str(one_clip), "--out", str(out), "--systems", "target", "--threads", "1"]
+    assert main(argv) == 1
+    printed = capsys.readouterr()
+    failure = "target: exit 2: asyncspec: error: long-form As²d drafts with the ct2-chunk producer"
+    assert f"cold runs failed:\n  {failure}" in printed.err
+    (row,) = [line for line in printed.out.splitlines() if line.startswith("target ")]
+    assert "exit 2" in row and "1.80" not in row
+    assert json.loads((out / "bench_e2e.json").read_text())["cold_failures"] == [failure]
+
+
 def test_only_the_seeded_systems_must_write_the_same_text_cold():
     from asyncspec.benchmarks.e2e_cold import warm_cold_differences
 

@@ -197,3 +197,27 @@ def test_the_default_is_what_every_command_runs_without_a_deployed_configuration
     assert DecodingOptions.from_args(build_parser().parse_args(["transcribe", "a.wav"])).as2d_record()["budget"] == (
         DEFAULT_ENTRY.budget
     )
+
+
+AUTOREGRESSIVE = DeployedConfig("autoregressive", "whisper-tiny.en", 7, 136.1, default_pooled_tps=86.6)
+
+
+def test_long_form_transcription_ignores_a_deployed_producer_that_cannot_draft_it(config_file, tmp_path, capsys):
+    """select-budget ranks producers on short windows, and on a Zen 2 EPYC deployed the
+    autoregressive one, whose drafts carry no audio time: `transcribe` then failed on every file."""
+    save_deployed(AUTOREGRESSIVE)
+    longform = deployed_as2d(None, None, None, required="ct2-chunk")
+    assert (longform.producer, longform.chunk_s, longform.budget, longform.source) == ("ct2-chunk", 4.0, None, BUILT_IN)
+    note = longform.note()
+    assert note is not None and "ignoring" in note and "autoregressive" in note and "--producers ct2-chunk" in note
+    missing = str(tmp_path / "missing.wav")
+    assert main(["transcribe", missing]) == EXIT_BAD_INPUT  # the missing file, not the producer
+    err = capsys.readouterr().err
+    assert "missing.wav: no such file" in err and "error: long-form" not in err
+    assert main(["transcribe", missing, "--producer", "autoregressive"]) == EXIT_BAD_INPUT  # asked for: refused
+    assert "drafts with the ct2-chunk producer" in capsys.readouterr().err
+    # controls: a command that drafts with either kind uses it, with its budget; and a deployed
+    # chunked producer is what long-form transcription uses
+    assert (settings().producer, settings().budget) == ("autoregressive", 7)
+    save_deployed(SELECTED)
+    assert deployed_as2d(None, None, None, required="ct2-chunk").budget == 9

@@ -105,13 +105,15 @@ def run(args) -> int:
         check = exactness_check(systems, results, files)
         report = build_report(args, files, systems, results, check, before) | {"as2d": as2d}
     differing: list[str] = []
+    failed: list[str] = []
     if args.cold:  # after every warm model is closed: the fresh processes have the machine to themselves
-        from asyncspec.benchmarks.e2e_cold import cold_walls, warm_cold_differences
+        from asyncspec.benchmarks.e2e_cold import cold_walls, failed_cold_runs, warm_cold_differences
 
         paths = [f.path for f in files]
         for name, cold in cold_walls(names, paths, args.model, args.threads, _cold_options(args)).items():
             report["systems"][name]["cold"] = cold
         differing = report["warm_cold_differences"] = warm_cold_differences(report["systems"])
+        failed = report["cold_failures"] = failed_cold_runs(report["systems"])
     out.mkdir(parents=True, exist_ok=True)
     (out / "bench_e2e.json").write_text(json.dumps(report, indent=1))
     plot(report, out / "bench_e2e.png")
@@ -124,6 +126,9 @@ def run(args) -> int:
 
         print(f"warm and cold texts differ: {', '.join(differing)}", file=sys.stderr)
         return EXIT_MISMATCH
+    if failed:  # no cold time to compare: said, and the bench fails
+        print("cold runs failed:\n  " + "\n  ".join(failed), file=sys.stderr)
+        return 1
     return code
 
 
@@ -136,7 +141,7 @@ def as2d_configuration(args, names: list[str]) -> dict | None:
     from asyncspec.profiling.deployed import deployed_as2d
     from asyncspec.transcription.loading import LONGFORM_PRODUCER
 
-    as2d = deployed_as2d(LONGFORM_PRODUCER, args.chunk_s, args.budget)
+    as2d = deployed_as2d(None, args.chunk_s, args.budget, required=LONGFORM_PRODUCER)
     if note := as2d.note():
         print(note, file=sys.stderr)
     return as2d.record(DEFAULT_BUDGET)

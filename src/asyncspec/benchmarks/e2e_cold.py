@@ -222,6 +222,19 @@ def warm_cold_differences(systems: dict) -> list[str]:
     return differing
 
 
+def failed_cold_runs(systems: dict) -> list[str]:
+    """Every system whose fresh process failed, as "system: exit N: its last stderr line": its wall
+    is no time to compare (a process that stopped on a bad option took 1.8 s where the warm run
+    took 50), so the report shows the failure and the bench exits 1."""
+    failed = []
+    for name, row in systems.items():
+        cold = row.get("cold")
+        if cold is not None and cold["returncode"] != 0:
+            last = (cold.get("stderr_tail") or "").strip().splitlines()[-1:] or ["no stderr"]
+            failed.append(f"{name}: exit {cold['returncode']}: {last[0]}")
+    return failed
+
+
 def _cold_whisper_cpp(files: Sequence[Path], model: str, threads: int) -> dict:
     from asyncspec.benchmarks.e2e_whispercpp import _model_file, cold_run
 

@@ -51,16 +51,23 @@ def _row(name: str, row: dict, reference: dict) -> str:
     def number(value, width: int, scale: float = 1.0, digits: int = 2) -> str:
         return f"{value * scale:{width}.{digits}f}" if value is not None else f"{'-':>{width}s}"
 
-    cold = row.get("cold", {}).get("wall_s")
-    reference_cold = reference.get("cold", {}).get("wall_s")
+    cold, reference_cold = cold_wall(row), cold_wall(reference)
     stages = " ".join(number(row.get(key), 7) for key in ("prefill_s", "decode_s"))
     warm_ratio = row["total_s"] / reference["total_s"] if reference.get("total_s") else None
     cold_ratio = cold / reference_cold if cold and reference_cold else None
+    failed = row.get("cold", {}).get("returncode", 0)
+    cold_column = f"{f'exit {failed}':>7s}" if failed else number(cold, 7)
     return (
-        f"{name:28s} {len(row['files']):5d} {row['total_s']:7.2f} {stages} {row['load_s']:6.2f} {number(cold, 7)} "
+        f"{name:28s} {len(row['files']):5d} {row['total_s']:7.2f} {stages} {row['load_s']:6.2f} {cold_column} "
         f"{number(row['wer'], 6, 100)} {number(row.get('recall_min'), 6, 100, 1)} {number(warm_ratio, 6)} "
         f"{number(cold_ratio, 6)}"
     )
+
+
+def cold_wall(row: dict) -> float | None:
+    """The fresh process's wall, where it ran and exited 0 (a failed one has no time to compare)."""
+    cold = row.get("cold", {})
+    return cold.get("wall_s") if cold.get("returncode", 0) == 0 else None
 
 
 def _device_lines(report: dict) -> list[str]:
@@ -106,7 +113,7 @@ def plot(report: dict, path: Path) -> None:
     totals.bar(
         columns - 0.2, [systems[name]["total_s"] for name in names], 0.4, color=colors, label="warm (models loaded)"
     )
-    cold = [systems[name].get("cold", {}).get("wall_s", 0.0) for name in names]
+    cold = [cold_wall(systems[name]) or 0.0 for name in names]
     totals.bar(columns + 0.2, cold, 0.4, color=colors, alpha=0.45, hatch="//", label="cold (fresh process)")
     totals.set_xticks(columns, names)
     totals.legend(fontsize=8)

@@ -12,17 +12,19 @@ from asyncspec.audio import load_audio
 from asyncspec.errors import InputError
 from asyncspec.run.compare import equality_check, methods_to_run, print_summary, save_traces
 from asyncspec.run.options import DecodingOptions, decode_config
+from asyncspec.transcription.loading import LONGFORM_PRODUCER
 from asyncspec.transcription.longform import LongformOptions
 from asyncspec.transcription.outputs import parse_formats, write_outputs
 
 
 def run(args) -> int:
-    options = DecodingOptions.from_args(args)  # bad options fail before any file is read
+    # bad options fail before any file is read; a deployed producer of another kind is ignored
+    options = DecodingOptions.from_args(args, required_producer=LONGFORM_PRODUCER)
     config = decode_config(options)  # checks --budget and --temperature
     longform = longform_options(args)
     formats = parse_formats(args.output_format) if args.output_dir else []
-    if options.producer != "ct2-chunk" and "as2d" in options.methods:
-        raise InputError("long-form As²d drafts with the ct2-chunk producer (its publications carry audio time)")
+    if options.producer != LONGFORM_PRODUCER and "as2d" in options.methods:  # asked for on the command line
+        raise InputError(f"long-form As²d drafts with the {LONGFORM_PRODUCER} producer (its drafts carry audio time)")
     audio = [(path, load_audio(path)) for path in args.audio]  # every file validated before any decoding
     methods = methods_to_run(options.methods, options.compare)
     output_dir = Path(args.output_dir) if args.output_dir else None

@@ -180,15 +180,19 @@ class As2dSettings:
         return record
 
 
-def deployed_as2d(producer: str | None, chunk_s: float | None, budget: int | None) -> As2dSettings:
+def deployed_as2d(
+    producer: str | None, chunk_s: float | None, budget: int | None, required: str | None = None
+) -> As2dSettings:
     """The As²d options the user gave, those left unset (None) taken from the deployed
     configuration when it was made on this CPU (else the built-in defaults). Its budget applies
-    only to its own producer kind."""
+    only to its own producer kind. `required`: the one producer kind the caller drafts with
+    (long-form transcription: ct2-chunk); a deployed configuration of another kind is ignored, with
+    a note, as one made on another CPU is."""
     if producer is not None and chunk_s is not None and budget is not None:
         return As2dSettings(producer, chunk_s, budget, COMMAND_LINE)
-    deployment = current_deployment()
+    deployment = _for_kind(current_deployment(), required)
     deployed = deployment.config
-    choice = deployed.choice if deployed else ProducerChoice.parse(DEFAULT_PRODUCER)
+    choice = deployed.choice if deployed else ProducerChoice.parse(required or DEFAULT_PRODUCER)
     fallback = deployment.source if deployed else BUILT_IN
     origins = [COMMAND_LINE if producer is not None else fallback, COMMAND_LINE if chunk_s is not None else fallback]
     producer = choice.kind if producer is None else producer
@@ -203,3 +207,17 @@ def deployed_as2d(producer: str | None, chunk_s: float | None, budget: int | Non
     used = deployment.source in origins or deployment.ignored is not None
     source = " + ".join(dict.fromkeys(origins))
     return As2dSettings(producer, chunk_s, budget, source, deployment if used else None)
+
+
+def _for_kind(deployment: Deployment, required: str | None) -> Deployment:
+    """`deployment`, ignored where its producer is not the `required` kind: select-budget ranks
+    producers on short windows, where the autoregressive one may win, but a long-form transcript
+    needs drafts that carry audio time."""
+    config = deployment.config
+    if required is None or config is None or config.choice.kind == required:
+        return deployment
+    reason = (
+        f"its {config.choice.kind} producer cannot draft long-form transcripts, which As²d drafts with "
+        f"{required} (`asyncspec select-budget --producers ct2-chunk@4s,ct2-chunk@6s` ranks those alone)"
+    )
+    return replace(deployment, config=None, ignored=reason)

@@ -80,13 +80,14 @@ class DecodingOptions:
     as2d: As2dSettings | None = None  # As²d's settings and where they came from
 
     @classmethod
-    def from_args(cls, args) -> DecodingOptions:
+    def from_args(cls, args, required_producer: str | None = None) -> DecodingOptions:
         """The options `add_decoding_options` defines (As²d's unset ones from the deployed
-        configuration; when As²d runs, a line on stderr says which one, or why one was ignored)."""
+        configuration; when As²d runs, a line on stderr says which one, or why one was ignored).
+        `required_producer`: the one producer kind the command drafts with (deployed_as2d)."""
         from asyncspec.decoding.methods import parse_methods
 
         methods = tuple(parse_methods(args.method))
-        as2d = deployed_as2d(args.producer, args.chunk_s, args.budget)
+        as2d = deployed_as2d(args.producer, args.chunk_s, args.budget, required_producer)
         if "as2d" in methods and (note := as2d.note()):
             print(note, file=sys.stderr)
         return cls(

@@ -102,7 +102,7 @@ class Transcriber:
         unknown = [m for m in self.methods if m not in METHODS]
         if unknown or not self.methods:
             raise InputError(f"unknown method {', '.join(unknown) or repr(method)}; choose from {', '.join(METHODS)}")
-        as2d = deployed_as2d(loading.LONGFORM_PRODUCER, chunk_s, budget)
+        as2d = deployed_as2d(None, chunk_s, budget, required=loading.LONGFORM_PRODUCER)
         self.model, self.method, self.chunk_s, self.budget = model, self.methods[0], as2d.chunk_s, budget
         self.producer_model, self.drafter_name = producer_model, drafter
         self.drafters: dict[str, Any] = {}
