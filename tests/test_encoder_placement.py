@@ -22,7 +22,7 @@ def test_fastest_candidate_wins():
 
 def test_placement_is_measured_cached_and_applied(tmp_path, monkeypatch):
     monkeypatch.setenv("ASYNCSPEC_CACHE", str(tmp_path))
-    monkeypatch.setattr(encoder_placement, "int8_pays_here", lambda encoder: False)
+    monkeypatch.setattr(encoder_placement, "pays_here", lambda encoder, name: name == "bf16")
     target = tiny_whisper(torch.float32, seed=2)
     first = place_encoder(target)
     # where int8 products are slower than fp32's, auto times the float candidates only
@@ -50,7 +50,7 @@ def test_an_entry_gains_candidates_and_a_damaged_one_is_replaced(tmp_path, monke
     from asyncspec.models.encoder_placement import _cache_file
 
     monkeypatch.setenv("ASYNCSPEC_CACHE", str(tmp_path))
-    monkeypatch.setattr(encoder_placement, "int8_pays_here", lambda encoder: False)
+    monkeypatch.setattr(encoder_placement, "pays_here", lambda encoder, name: name == "bf16")
     target = tiny_whisper(torch.float32, seed=3)
     path = _cache_file(target)
     path.parent.mkdir(parents=True)
@@ -83,13 +83,13 @@ def test_auto_takes_the_int8_encoder_where_its_products_pay_and_it_is_fastest(tm
         return _fake_timings(names, 300.0)
 
     monkeypatch.setattr(encoder_placement, "measure", measure)
-    monkeypatch.setattr(encoder_placement, "int8_pays_here", lambda encoder: True)
+    monkeypatch.setattr(encoder_placement, "pays_here", lambda encoder, name: True)
     monkeypatch.setattr(encoder_placement, "weight_range", lambda: QMAX)  # 8-bit weights, as with VNNI
     placed = place_encoder(tiny_whisper(torch.float32, seed=6))
     assert timed == [("fp32", "bf16", "int8")] and placed.dtype == "int8"
     # control: where int8 products are slower than fp32's, int8 is never timed, however fast it would be
     monkeypatch.setenv("ASYNCSPEC_CACHE", str(tmp_path / "elsewhere"))
-    monkeypatch.setattr(encoder_placement, "int8_pays_here", lambda encoder: False)
+    monkeypatch.setattr(encoder_placement, "pays_here", lambda encoder, name: name == "bf16")
     timed.clear()
     placed = place_encoder(tiny_whisper(torch.float32, seed=6))
     assert timed == [("fp32", "bf16")] and placed.dtype == "fp32"
@@ -99,7 +99,7 @@ def test_auto_takes_the_int8_encoder_where_its_products_pay_and_it_is_fastest(tm
 def test_auto_does_not_take_a_seven_bit_int8_encoder_however_fast(tmp_path, monkeypatch):
     monkeypatch.setenv("ASYNCSPEC_CACHE", str(tmp_path))
     monkeypatch.setattr(encoder_placement, "measure", lambda encoder, features, names: _fake_timings(names, 300.0))
-    monkeypatch.setattr(encoder_placement, "int8_pays_here", lambda encoder: True)
+    monkeypatch.setattr(encoder_placement, "pays_here", lambda encoder, name: True)
     monkeypatch.setattr(encoder_placement, "weight_range", lambda: REDUCED_WEIGHT_QMAX)
     placed = place_encoder(tiny_whisper(torch.float32, seed=8))
     assert placed.dtype == "fp32" and "7 bits" in placed.summary()
@@ -160,10 +160,45 @@ def test_the_int8_probe_follows_the_measured_products(monkeypatch):
         return lambda *args: time.sleep(0.02) or real(*args)
 
     monkeypatch.setattr(torch.nn.functional, "linear", slow(real_linear))
-    assert encoder_placement.int8_pays_here(encoder)
+    assert encoder_placement.pays_here(encoder, "int8")
     monkeypatch.setattr(torch.nn.functional, "linear", real_linear)
     monkeypatch.setattr(Int8Linear, "forward", slow(real_int8))
-    assert not encoder_placement.int8_pays_here(encoder)  # control: slow int8 products are not timed
+    assert not encoder_placement.pays_here(encoder, "int8")  # control: slow int8 products are not timed
+
+
+def test_the_bf16_probe_follows_the_measured_products(monkeypatch):
+    import time
+
+    encoder = tiny_whisper(torch.float32, seed=7).model.model.encoder
+    real_linear = torch.nn.functional.linear
+
+    def slow_in(dtype):
+        return lambda x, *rest: (time.sleep(0.02) if x.dtype == dtype else None) or real_linear(x, *rest)
+
+    monkeypatch.setattr(torch.nn.functional, "linear", slow_in(torch.bfloat16))  # as where bf16 is emulated
+    assert not encoder_placement.pays_here(encoder, "bf16")
+    monkeypatch.setattr(torch.nn.functional, "linear", slow_in(torch.float32))
+    assert encoder_placement.pays_here(encoder, "bf16")  # control: fast bf16 products are timed
+
+
+def test_auto_times_bf16_only_where_its_products_pay(tmp_path, monkeypatch):
+    monkeypatch.setenv("ASYNCSPEC_CACHE", str(tmp_path))
+    timed: list[tuple[str, ...]] = []
+
+    def measure(encoder, features, names):
+        timed.append(tuple(names))
+        return _fake_timings(names, 300.0)
+
+    monkeypatch.setattr(encoder_placement, "measure", measure)
+    monkeypatch.setattr(encoder_placement, "pays_here", lambda encoder, name: False)
+    placed = place_encoder(tiny_whisper(torch.float32, seed=9))
+    assert timed == [("fp32",)] and placed.dtype == "fp32"
+    assert place_encoder(tiny_whisper(torch.float32, seed=9)).cached and timed == [("fp32",)]  # decided once
+    # control: where bf16 products pay, bf16 is timed beside fp32
+    monkeypatch.setenv("ASYNCSPEC_CACHE", str(tmp_path / "bf16"))
+    monkeypatch.setattr(encoder_placement, "pays_here", lambda encoder, name: name == "bf16")
+    place_encoder(tiny_whisper(torch.float32, seed=9))
+    assert timed[-1] == ("fp32", "bf16")
 
 
 def test_the_encoder_takes_fewer_threads_only_where_its_output_is_thread_invariant():
@@ -206,6 +241,7 @@ def test_measuring_the_candidates_leaves_the_encoder_as_it_was(tmp_path, monkeyp
         return lambda features: cast_in_place(encoder, name)(features)
 
     monkeypatch.setattr(encoder_placement, "as_candidate", cast_as_it_runs)
+    monkeypatch.setattr(encoder_placement, "pays_here", lambda encoder, name: name == "bf16")  # bf16 timed
     monkeypatch.setattr(hf_whisper, "place", cast_in_place)
     monkeypatch.setenv("ASYNCSPEC_CACHE", str(tmp_path / "control"))
     leaky = _encoded_fp32_after(tiny_whisper(torch.float32, seed=6), measured=True)

@@ -10,14 +10,16 @@ between methods holds whichever is chosen.
 "int8" is the fp32 encoder with its linears on int8 weights and per-row int8 activations
 (models/int8_linear.py); its convolutions and attention stay fp32. Where the CPU emulates bf16 it
 is the candidate that can beat fp32, so auto times it wherever an int8 product of the encoder's
-kind is faster than fp32's (`int8_pays_here`): on a CPU without VNNI it is slower, and timing a
-whole pass there cost minutes. Its output lies as far from fp32's as CTranslate2's int8 encoder's
-(faster-whisper's) lies from its float32 (relative error 0.053 against 0.054 on the long-form set's
-windows; scripts/int8_encoder_error.py); WER in docs/int8.md. Where the CPU's int8 kernels
-saturate at 8-bit weights (no VNNI), the weights use 7 bits (int8_linear.weight_range), and auto
-never takes the int8 encoder there (`int8_accurate_here`): on a Zen 2 EPYC it put WER 0.36 points
-above fp32 on the large long-form set, over the bound int8 is held to, where the int8 decoder with
-the fp32 encoder stayed 0.20 below.
+kind is faster than fp32's (`pays_here`): on a CPU without VNNI it is slower, and timing a
+whole pass there cost minutes. bf16 is probed alike: where the CPU emulates it, timing its passes
+and checking them on every thread count was most of a first run's placement (Zen 2 EPYC: 68 s,
+a bf16 pass 5.4 s on two threads against fp32's 0.7). The int8 encoder's output lies as far from
+fp32's as CTranslate2's int8 encoder's (faster-whisper's) lies from its float32 (relative error
+0.053 against 0.054 on the long-form set's windows; scripts/int8_encoder_error.py); WER in
+docs/int8.md. Where the CPU's int8 kernels saturate at 8-bit weights (no VNNI), the weights use 7
+bits (int8_linear.weight_range), and auto never takes the int8 encoder there
+(`int8_accurate_here`): on a Zen 2 EPYC it put WER 0.36 points above fp32 on the large long-form
+set, over the bound int8 is held to, where the int8 decoder with the fp32 encoder stayed 0.20 below.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import copy
 import json
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -37,7 +40,7 @@ from asyncspec.models.threads import available_cores, openmp_settings, torch_thr
 
 # the dtype each candidate's input and float layers run in
 ENCODER_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "int8": torch.float32}
-AUTO_CANDIDATES = ("fp32", "bf16")  # and "int8" where `int8_pays_here`
+PROBED = ("bf16", "int8")  # auto times these beside fp32 only where `pays_here`
 REPEATS = 2  # timed rounds over the candidates, after one warm-up round
 FRAMES = 1500  # a 30 s window's encoder frames: the rows of each encoder linear
 # auto takes the int8 encoder only where it needs at most this share of the fastest float
@@ -172,8 +175,8 @@ def place_encoder(backend, choice: str = "auto") -> EncoderPlacement:
     wanted: tuple[str, ...] = (choice,)
     declined: tuple[str, ...] = ()
     if choice == "auto":
-        int8 = int8_accurate_here() and _int8_timed_or_pays(backend.model.model.encoder, measured)
-        wanted, declined = (AUTO_CANDIDATES + ("int8",), ()) if int8 else (AUTO_CANDIDATES, ("int8",))
+        offered = [name for name in PROBED if _timed_or_pays(name, backend.model.model.encoder, measured)]
+        wanted, declined = ("fp32", *offered), tuple(name for name in PROBED if name not in offered)
     missing = [name for name in wanted if measured is None or name not in measured["thread_invariant"]]
     unrecorded = measured is None or not set(declined) <= set(measured["declined"])
     if missing or unrecorded:
@@ -204,28 +207,37 @@ def _why_int8_declined(choice: str, timings: dict[str, float], dtype: str) -> st
     return ""
 
 
-def _int8_timed_or_pays(encoder: torch.nn.Module, measured: dict | None) -> bool:
-    """Is int8 one of auto's candidates: timed on this machine already, or not yet decided and
-    its products faster than fp32's here? A decision not to time it is kept in the entry."""
-    if measured is not None and "int8" in measured["thread_invariant"]:
-        return True
-    if measured is not None and "int8" in measured["declined"]:
+def _timed_or_pays(name: str, encoder: torch.nn.Module, measured: dict | None) -> bool:
+    """Is `name` ("bf16" or "int8") one of auto's candidates: timed on this machine already, or not
+    yet decided and its products faster than fp32's here (int8 never with 7-bit weights)? A
+    decision not to time it is kept in the entry."""
+    if name == "int8" and not int8_accurate_here():
         return False
-    return int8_pays_here(encoder)
+    if measured is not None and name in measured["thread_invariant"]:
+        return True
+    if measured is not None and name in measured["declined"]:
+        return False
+    return pays_here(encoder, name)
 
 
 @torch.inference_mode()
-def int8_pays_here(encoder: torch.nn.Module) -> bool:
-    """Is the encoder's widest linear, over a window's frames, faster in int8 than in fp32 on this
-    CPU? Where only torch._int_mm's slow path was there it was not (a 2-core AVX2-only EPYC: a
-    whole int8 pass took 17.6 s against fp32's 1.7 s, before FBGEMM was a layout), and only where
-    it is can the int8 encoder win, so only there is it timed."""
+def pays_here(encoder: torch.nn.Module, name: str) -> bool:
+    """Is the encoder's widest linear, over a window's frames, faster in `name` ("bf16" or "int8")
+    than in fp32 on this CPU? Where only torch._int_mm's slow path was there int8 was not (a 2-core
+    AVX2-only EPYC: a whole int8 pass took 17.6 s against fp32's 1.7 s, before FBGEMM was a
+    layout), nor is bf16 where the CPU emulates it; only where it is can that encoder win, so only
+    there is it timed."""
     linear = max((m for m in encoder.modules() if isinstance(m, torch.nn.Linear)), key=lambda m: m.weight.numel())
     weight = linear.weight.detach().float()
     frames = torch.randn(FRAMES, linear.in_features, generator=torch.Generator().manual_seed(0))
-    int8, fp32 = Int8Linear(weight, None), lambda x: torch.nn.functional.linear(x, weight)
-    int8(frames), fp32(frames)  # warm-up: kernels are chosen on the first call
-    return median_seconds(int8, frames) < median_seconds(fp32, frames)
+    weight_bf16 = weight.bfloat16()
+    candidate: Callable[[torch.Tensor], torch.Tensor] = (
+        Int8Linear(weight, None) if name == "int8" else lambda x: torch.nn.functional.linear(x, weight_bf16)
+    )
+    inputs = frames if name == "int8" else frames.bfloat16()
+    fp32 = lambda x: torch.nn.functional.linear(x, weight)  # noqa: E731
+    candidate(inputs), fp32(frames)  # warm-up: kernels are chosen on the first call
+    return median_seconds(candidate, inputs) < median_seconds(fp32, frames)
 
 
 def _measure_into(backend, names: list[str], declined: tuple[str, ...], path) -> dict:
