@@ -74,8 +74,8 @@ def _fake_timings(names, int8_ms: float) -> dict[str, float]:
     return {f"{name}x{threads}": base[name] / threads for name in names for threads in thread_candidates()}
 
 
-def test_auto_takes_the_int8_encoder_where_its_products_pay_and_it_is_fastest(tmp_path, monkeypatch):
-    monkeypatch.setenv("ASYNCSPEC_CACHE", str(tmp_path))
+def _record_measurements(monkeypatch) -> list[tuple[str, ...]]:
+    """Fake timings (int8 fastest) in place of measuring; the list gains the candidates of each measurement."""
     timed: list[tuple[str, ...]] = []
 
     def measure(encoder, features, names):
@@ -83,6 +83,12 @@ def test_auto_takes_the_int8_encoder_where_its_products_pay_and_it_is_fastest(tm
         return _fake_timings(names, 300.0)
 
     monkeypatch.setattr(encoder_placement, "measure", measure)
+    return timed
+
+
+def test_auto_takes_the_int8_encoder_where_its_products_pay_and_it_is_fastest(tmp_path, monkeypatch):
+    monkeypatch.setenv("ASYNCSPEC_CACHE", str(tmp_path))
+    timed = _record_measurements(monkeypatch)
     monkeypatch.setattr(encoder_placement, "pays_here", lambda encoder, name: True)
     monkeypatch.setattr(encoder_placement, "weight_range", lambda: QMAX)  # 8-bit weights, as with VNNI
     placed = place_encoder(tiny_whisper(torch.float32, seed=6))
@@ -183,13 +189,7 @@ def test_the_bf16_probe_follows_the_measured_products(monkeypatch):
 
 def test_auto_times_bf16_only_where_its_products_pay(tmp_path, monkeypatch):
     monkeypatch.setenv("ASYNCSPEC_CACHE", str(tmp_path))
-    timed: list[tuple[str, ...]] = []
-
-    def measure(encoder, features, names):
-        timed.append(tuple(names))
-        return _fake_timings(names, 300.0)
-
-    monkeypatch.setattr(encoder_placement, "measure", measure)
+    timed = _record_measurements(monkeypatch)
     monkeypatch.setattr(encoder_placement, "pays_here", lambda encoder, name: False)
     placed = place_encoder(tiny_whisper(torch.float32, seed=9))
     assert timed == [("fp32",)] and placed.dtype == "fp32"
