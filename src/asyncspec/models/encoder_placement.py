@@ -230,11 +230,12 @@ def pays_here(encoder: torch.nn.Module, name: str) -> bool:
     linear = max((m for m in encoder.modules() if isinstance(m, torch.nn.Linear)), key=lambda m: m.weight.numel())
     weight = linear.weight.detach().float()
     frames = torch.randn(FRAMES, linear.in_features, generator=torch.Generator().manual_seed(0))
-    weight_bf16 = weight.bfloat16()
-    candidate: Callable[[torch.Tensor], torch.Tensor] = (
-        Int8Linear(weight, None) if name == "int8" else lambda x: torch.nn.functional.linear(x, weight_bf16)
-    )
-    inputs = frames if name == "int8" else frames.bfloat16()
+    candidate: Callable[[torch.Tensor], torch.Tensor]
+    if name == "int8":
+        candidate, inputs = Int8Linear(weight, None), frames
+    else:
+        weight_bf16 = weight.bfloat16()
+        candidate, inputs = (lambda x: torch.nn.functional.linear(x, weight_bf16)), frames.bfloat16()
     fp32 = lambda x: torch.nn.functional.linear(x, weight)  # noqa: E731
     candidate(inputs), fp32(frames)  # warm-up: kernels are chosen on the first call
     return median_seconds(candidate, inputs) < median_seconds(fp32, frames)
