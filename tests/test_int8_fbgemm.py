@@ -29,6 +29,8 @@ from asyncspec.models.int8_linear import (
     measured_layout,
     prepacked_exact,
     products_exact,
+    quantize_rows,
+    shared_input,
     weight_range,
 )
 from asyncspec.models.selftest import check_invariance
@@ -74,6 +76,24 @@ def test_a_copy_repacks_and_computes_alike():
     assert twin.prepacked is not layer.prepacked and twin.prepacked.packed is not layer.prepacked.packed
     x = torch.randn(8, 300)
     assert torch.equal(twin(x), layer(x)) and torch.equal(layer(x), Int8Linear(weight, bias, "nk")(x))
+
+
+def test_fbgemm_reads_fp32_codes_and_gives_the_bits_of_int8_codes():
+    weight, bias = torch.randn(48, 512), torch.randn(48)
+    fbgemm, nk = Int8Linear(weight, bias, "fbgemm"), Int8Linear(weight, bias, "nk")
+    assert fbgemm.codes_dtype == torch.float32 and nk.codes_dtype == torch.int8
+    x = torch.randn(5, 512) * torch.tensor([1e-3, 1.0, 30.0, 1e4, 0.2]).view(5, 1)
+    as_int8 = fbgemm.from_quantized(*quantize_rows(x))  # what every linear computed before
+    assert torch.equal(fbgemm(x), as_int8) and torch.equal(fbgemm(x), nk(x))
+    shared = shared_input([fbgemm, Int8Linear(weight, bias, "fbgemm")], x)  # one fp32 quantization
+    assert all(torch.equal(y, as_int8) for y in shared)
+    mixed = shared_input([fbgemm, nk], x)  # a group with an int8 kernel quantizes to int8 for all
+    assert all(torch.equal(y, as_int8) for y in mixed)
+    # the control: codes left unrounded are quantized by FBGEMM itself, and the bits move
+    codes, scale = quantize_rows(x, codes=torch.float32)
+    unrounded = x / scale
+    assert not torch.equal(fbgemm.from_quantized(unrounded + 0.3, scale), as_int8)
+    assert torch.equal(fbgemm.from_quantized(codes, scale), as_int8)
 
 
 def saturating_call(self, x_q: torch.Tensor) -> torch.Tensor:

@@ -108,10 +108,10 @@ def integer_scores(queries: torch.Tensor, keys: QuantizedKeys) -> torch.Tensor:
     """queries fp32 [H_kv, R, D_h] -> scores fp32 [H_kv, R, T] (up to the per-row constant that the
     keys' centring removed)."""
     heads, rows, head_dim = queries.shape
-    codes, row_scales = quantize_rows(queries.reshape(heads * rows, head_dim))
+    codes, row_scales = quantize_rows(queries.reshape(heads * rows, head_dim), codes=keys.codes.dtype)
     codes = codes.view(heads, rows, head_dim)
     if keys.codes.dtype == torch.float32:  # exact: every sum an fp32 integer (quantize_keys)
-        sums = torch.matmul(codes.float(), keys.codes)
+        sums = torch.matmul(codes, keys.codes)
     else:
         sums = torch.empty((heads, rows, keys.codes.shape[2]), dtype=torch.int32)
         for head in range(heads):
