@@ -188,11 +188,14 @@ def test_a_cut_for_confidence_keeps_the_candidates_the_call_pays_for():
     buffer = CandidateBuffer(1)
     buffer.publish(PublishedBatch(1, "s", 0, tuple(range(20)), (0.9, 0.3) + (0.9,) * 18, 0.0, 0.1))
     assert buffer.ready(0, 7, 0.4) == [0, 1]  # the control: without blocks the unsure token ends the read
-    assert buffer.ready(0, 7, 0.4, block_rows=8) == list(range(7))  # root + 7 rows: one block either way
-    assert buffer.ready(0, 15, 0.4, block_rows=8) == list(range(7))  # a second block would cost: cut there
-    assert buffer.ready(9, 15, 0.4, block_rows=8) == list(range(9, 20))  # no unsure token: the limit holds
-    assert [paid_for(n, 8) for n in (0, 1, 7, 8, 15)] == [7, 7, 7, 15, 15]
+    assert buffer.ready(0, 7, 0.4, call_sizes=(8,)) == list(range(7))  # root + 7 rows: one block either way
+    assert buffer.ready(0, 15, 0.4, call_sizes=(8,)) == list(range(7))  # a second block would cost: cut there
+    assert buffer.ready(9, 15, 0.4, call_sizes=(8,)) == list(range(9, 20))  # no unsure token: the limit holds
+    assert [paid_for(n, (8,)) for n in (0, 1, 7, 8, 15)] == [7, 7, 7, 15, 15]
     assert paid_for(3, None) == 3
+    # narrow calls (the int8 engine): the cut rounds up to the smallest size holding the root and it
+    assert buffer.ready(0, 7, 0.4, call_sizes=(1, 2, 4, 8)) == [0, 1, 2]  # root + 2 rows: a 4-row call
+    assert [paid_for(n, (1, 2, 4, 8)) for n in (0, 1, 2, 3, 4, 7, 8)] == [0, 1, 3, 3, 7, 7, 15]
 
 
 def test_an_unsure_producer_still_fills_the_fixed_call(monkeypatch):
@@ -202,7 +205,7 @@ def test_an_unsure_producer_still_fills_the_fixed_call(monkeypatch):
     assert result.tokens == truth and result.stats.acceptance == 1.0
     assert result.stats.target_calls <= -(-len(truth) // 8) + 1
     # the control: cut at every unsure token, as without blocks, each call verifies one candidate
-    monkeypatch.setattr("asyncspec.decoding.as2d.call_width", lambda target: None)
+    monkeypatch.setattr("asyncspec.decoding.as2d.call_sizes", lambda target: None)
     cut = METHODS["as2d"](target, ScriptedProducer(truth, sure=0.1), request, DecodeConfig(budget=7))
     assert cut.tokens == truth and max(cut.stats.call_widths) == 2
 

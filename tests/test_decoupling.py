@@ -62,8 +62,8 @@ class LeakyDrafting(CompleteDrafting):
         seen: list[int] = []
 
         class Reading:
-            def __init__(self, block_rows=None):
-                self.inner = honest(block_rows)
+            def __init__(self, call_sizes=None):
+                self.inner = honest(call_sizes)
 
             def propose(self, root, committed, room):
                 seen[:] = committed  # the target's text so far

@@ -15,6 +15,7 @@ from typing import Protocol
 
 import numpy as np
 
+from asyncspec.decoding.draw_plan import kept_size_costs
 from asyncspec.decoding.result import (
     DecodeConfig,
     DecodeResult,
@@ -25,10 +26,11 @@ from asyncspec.decoding.result import (
 )
 from asyncspec.decoding.speculative import verify_candidates
 from asyncspec.errors import InputError
-from asyncspec.models.base import Decoder, DecodeRequest, call_width
+from asyncspec.models.base import Decoder, DecodeRequest, call_sizes
 from asyncspec.models.selftest import require_invariant
 from asyncspec.ondevice.accounting import account
 from asyncspec.ondevice.buffer import CandidateBuffer, CandidateProposer
+from asyncspec.ondevice.call_plan import VerifyPlan
 from asyncspec.sampling import decide, token_logprob
 from asyncspec.trace import StageEvent, Trace
 from asyncspec.verify import Verdict, greedy_verify
@@ -65,17 +67,24 @@ class RoundDriver(Protocol):
     def round_done(self, last: bool) -> None: ...  # after a round's commits (last: decoding ends)
 
 
-def as2d_rounds(driver: RoundDriver, proposer: CandidateProposer, root: int, committed: list[int]) -> None:
+def as2d_rounds(
+    driver: RoundDriver, proposer: CandidateProposer, root: int, committed: list[int], plan: VerifyPlan | None = None
+) -> None:
     """The As²d loop: at each boundary realign to the committed prefix, verify up to `room` ready
-    candidates after it together with the known root in one call, commit the matching prefix and
-    the target's own next token. With nothing ready the call is a one-token step."""
+    candidates after it together with the known root in one call (with a `plan`, those it finds
+    worth their call's size), commit the matching prefix and the target's own next token. With
+    nothing ready the call is a one-token step."""
     rounds = 0
     while driver.commit(root):
         if rounds:
             driver.round_done(last=False)
         with driver.aligning():
             candidates = proposer.propose(root, committed, driver.room())
+            if plan is not None:
+                candidates = candidates[: plan.carried(len(candidates))]
         verdict = driver.verify(root, candidates)
+        if plan is not None:
+            plan.observe(len(candidates), verdict.accepted)
         proposer.advance(verdict.accepted)
         rounds += 1
         if not all(driver.commit(token) for token in candidates[: verdict.accepted]):
@@ -151,6 +160,7 @@ def decode_as2d(
     # target encodes the audio and prefills its prompt (it reads only the audio, never target state).
     # Measured (bench e2e, quiet 2-core machine, 15 files): the encoder on both cores beside the
     # producer beat leaving the producer its own core, 10.6 s against 12.4 s in all.
+    plan = verify_plan(target)  # before the producer starts: a first run on a machine times the sizes
     trace = Trace()
     buffer = drafter.start(request.audio)
     with trace.stage("prefill"):
@@ -159,12 +169,29 @@ def decode_as2d(
     stats = rounds.stats
     stats.prefill_s = trace.now()
     observe_prefill(stats, state)
-    as2d_rounds(rounds, buffer.make_proposer(call_width(target)), rounds.first_root, rounds.committed)
+    as2d_rounds(rounds, buffer.make_proposer(call_sizes(target)), rounds.first_root, rounds.committed, plan)
     stats.decode_s = trace.now() - stats.prefill_s
     drafter.finish(buffer)
     stats.as2d = _as2d_figures(trace, buffer, stats, len(rounds.committed))
     _record_publications(trace, buffer)
     return DecodeResult(METHOD, rounds.committed, stats, trace)
+
+
+def verify_plan(target: Decoder) -> VerifyPlan | None:
+    """A plan over the target's call sizes where its calls run at several (the int8 engine's proven
+    narrow calls); None where one size serves every call that fits (a cut saves nothing) or calls
+    take any width."""
+    sizes = call_sizes(target)
+    if sizes is None or len(sizes) < 2:
+        return None
+    return VerifyPlan(kept_size_costs(target, lambda: _scratch(target)))
+
+
+def _scratch(target: Decoder):
+    from asyncspec.models.selftest import probe_state
+
+    state = probe_state(target)
+    return state.cache, state.length
 
 
 def _record_publications(trace: Trace, buffer: CandidateBuffer) -> None:

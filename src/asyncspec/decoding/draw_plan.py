@@ -15,9 +15,11 @@ import time
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 
+from asyncspec.models.base import call_sizes
 from asyncspec.models.fixed_shape import RowSlot, StaticKV, cut_into_stacks, stack_sizes
 from asyncspec.models.threads import openmp_settings
 
@@ -77,14 +79,7 @@ def call_costs(engine, cache, position: int, most_blocks: int) -> dict[int, floa
         rows = blocks * engine.shape.width
         slots = [RowSlot(cache, position + min(row, engine.shape.width - 1)) for row in range(rows)]
         tokens = [engine.pad_id] * rows
-        for _ in range(WARM_UP_CALLS):
-            engine.run_rows(slots, tokens, blocks)
-        timings = []
-        for _ in range(TIMED_CALLS):
-            started = time.perf_counter()
-            engine.run_rows(slots, tokens, blocks)
-            timings.append(time.perf_counter() - started)
-        known[(threads, blocks)] = min(timings)
+        known[(threads, blocks)] = best_seconds(partial(engine.run_rows, slots, tokens, blocks))
     return {blocks: known[(threads, blocks)] for blocks in [1, *stack_sizes(most_blocks)]}
 
 
@@ -93,15 +88,45 @@ def kept_call_costs(target, scratch: Callable[[], tuple[StaticKV, int]], most_bl
     OpenMP settings), as the self-test's verdict is: timed in every process, it cost a transcriber
     0.4 s at its first fallback (whisper-base int8, 2-core EPYC capped to VNNI). `scratch()`: the
     cache and position to time on, made only when nothing is kept."""
+    blocks = [1, *stack_sizes(most_blocks)]
+    return _kept("call_costs", target, {"blocks": blocks}, lambda: call_costs(target.engine, *scratch(), most_blocks))
+
+
+def kept_size_costs(target, scratch: Callable[[], tuple[StaticKV, int]]) -> dict[int, float]:
+    """Seconds of one decoding call at each size the engine may run at this thread count (its
+    proven narrow sizes and its full width: `models.base.call_sizes`), kept as `kept_call_costs`'."""
+    sizes = call_sizes(target)
+    return _kept("size_costs", target, {"sizes": list(sizes)}, lambda: size_costs(target.engine, *scratch(), sizes))
+
+
+@torch.inference_mode()
+def size_costs(engine, cache, position: int, sizes: Sequence[int]) -> dict[int, float]:
+    """Seconds of one decoding call of each size in `sizes` (rows), warmed up, best of TIMED_CALLS,
+    written into `cache` past `position` (a scratch cache: nothing of it is read afterwards)."""
+    return {size: best_seconds(partial(engine.run, cache, position, [engine.pad_id] * size)) for size in sizes}
+
+
+def best_seconds(call: Callable[[], object]) -> float:
+    """The fastest of TIMED_CALLS calls, after WARM_UP_CALLS untimed ones."""
+    for _ in range(WARM_UP_CALLS):
+        call()
+    timings = []
+    for _ in range(TIMED_CALLS):
+        started = time.perf_counter()
+        call()
+        timings.append(time.perf_counter() - started)
+    return min(timings)
+
+
+def _kept(kind: str, target, asked: dict, measure: Callable[[], dict[int, float]]) -> dict[int, float]:
+    """A timing per call size or stack, from the per-machine cache or measured now and kept."""
     from asyncspec.models.cache_entries import entry_path, keep_first
     from asyncspec.models.selftest import machine_key
 
-    blocks = [1, *stack_sizes(most_blocks)]
-    asked = {"openmp": openmp_settings(), "threads": torch.get_num_threads(), "blocks": blocks}
-    path = entry_path("call_costs", machine_key(target) | asked | {"revision": COST_REVISION})
+    asked = asked | {"openmp": openmp_settings(), "threads": torch.get_num_threads()}
+    path = entry_path(kind, machine_key(target) | asked | {"revision": COST_REVISION})
     try:
         return {int(count): seconds for count, seconds in json.loads(path.read_text()).items()}
     except (OSError, ValueError):
-        timed = call_costs(target.engine, *scratch(), most_blocks)
-        measured = {str(count): seconds for count, seconds in timed.items()}
+        measured = {str(count): seconds for count, seconds in measure().items()}
         return {int(count): seconds for count, seconds in keep_first(path, measured).items()}

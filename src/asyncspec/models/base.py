@@ -84,3 +84,12 @@ class Decoder(Protocol):
 def call_width(decoder) -> int | None:
     """Rows of every call of a fixed-shape decoder (its verification width), None for any other."""
     return getattr(decoder, "call_width", None)
+
+
+def call_sizes(decoder) -> tuple[int, ...] | None:
+    """The rows a fixed-shape decoder's call may run at on this thread count (its proven narrow
+    widths and its full width), None for a decoder whose calls take any width."""
+    engine = getattr(decoder, "engine", None)
+    if engine is None or not hasattr(engine, "decoding_width"):
+        return None
+    return tuple(sorted({engine.decoding_width(rows) for rows in range(1, engine.shape.width + 1)}))

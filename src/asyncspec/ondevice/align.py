@@ -127,13 +127,13 @@ class CursorProposer:
     """One request's cursor over its buffer's token stream: realigned to the committed prefix at
     every boundary, the ready candidates after it proposed."""
 
-    def __init__(self, buffer: CandidateBuffer, block_rows: int | None = None):
-        self.buffer, self.block_rows, self.cursor = buffer, block_rows, 0
+    def __init__(self, buffer: CandidateBuffer, call_sizes: Sequence[int] | None = None):
+        self.buffer, self.call_sizes, self.cursor = buffer, call_sizes, 0
 
     def propose(self, root: int, committed: list[int], room: int) -> list[int]:
         history = committed[-CONTEXT_TOKENS:]
         self.cursor = realign(self.buffer.tokens, self.cursor, root, history, complete=self.buffer.finished)
-        return self.buffer.ready(self.cursor + 1, room, CONFIDENCE_THRESHOLD, self.block_rows)
+        return self.buffer.ready(self.cursor + 1, room, CONFIDENCE_THRESHOLD, self.call_sizes)
 
     def advance(self, accepted: int) -> None:
         self.cursor += accepted + 1

@@ -7,6 +7,7 @@ the flat token stream at a cursor that only alignment moves. Provenance stays wi
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -42,13 +43,18 @@ class BatchChannel(Protocol):
     def recv(self) -> object: ...
 
 
-def paid_for(candidates: int, block_rows: int | None) -> int:
-    """The candidates a call carrying the root and `candidates` could carry at the same cost: the
-    call's rows rounded up to whole blocks, less the root (`candidates` itself without blocks)."""
-    if not block_rows:
+def paid_for(candidates: int, call_sizes: Sequence[int] | None) -> int:
+    """The candidates a call carrying the root and `candidates` could carry at the same cost: its
+    rows rounded up to the smallest call size holding them (past the widest, to whole calls of
+    it), less the root (`candidates` itself where calls take any width)."""
+    if not call_sizes:
         return candidates
-    blocks = -(-(candidates + 1) // block_rows)
-    return blocks * block_rows - 1
+    rows = candidates + 1
+    holding = [size for size in call_sizes if size >= rows]
+    if holding:
+        return min(holding) - 1
+    widest = max(call_sizes)
+    return -(-rows // widest) * widest - 1
 
 
 class CandidateBuffer:
@@ -107,20 +113,20 @@ class CandidateBuffer:
         self.confidences.extend(batch.confidences or [None] * len(batch.tokens))
         self.publish_times.extend([batch.published] * len(batch.tokens))
 
-    def make_proposer(self, block_rows: int | None = None) -> CandidateProposer:
-        """`block_rows`: the rows of every target call (the fixed-shape engine's width), or None."""
+    def make_proposer(self, call_sizes: Sequence[int] | None = None) -> CandidateProposer:
+        """`call_sizes`: the rows a target call may run at (models.base.call_sizes), or None."""
         from asyncspec.ondevice.align import CursorProposer
 
-        return CursorProposer(self, block_rows)
+        return CursorProposer(self, call_sizes)
 
     def ready(
-        self, start: int, limit: int, min_confidence: float | None = None, block_rows: int | None = None
+        self, start: int, limit: int, min_confidence: float | None = None, call_sizes: Sequence[int] | None = None
     ) -> list[int]:
         """Up to `limit` published tokens from `start`; with confidences, stop after the first
-        token below min_confidence (that token included, as in ASP). With `block_rows`, the
+        token below min_confidence (that token included, as in ASP). With `call_sizes`, the
         tokens that still fit in the rows the call pays for anyway are kept: a fixed-shape call
-        runs whole blocks of `block_rows` rows (the root and the candidates, padded), so a cut
-        inside a block saves nothing and only drops candidates that might have been accepted."""
+        runs the root and the candidates padded to one of its sizes, so a cut inside a size saves
+        nothing and only drops candidates that might have been accepted."""
         if start < 0:
             return []
         window = self.tokens[start : start + max(limit, 0)]
@@ -128,5 +134,5 @@ class CandidateBuffer:
             return window
         for i, confidence in enumerate(self.confidences[start : start + len(window)]):
             if confidence is not None and confidence < min_confidence:
-                return window[: paid_for(i + 1, block_rows)]
+                return window[: paid_for(i + 1, call_sizes)]
         return window

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 import numpy as np
@@ -80,8 +80,8 @@ class WindowBuffer(CandidateBuffer):
         super().__init__(request_id, channel)
         self.rules, self.spelling = rules, spelling
 
-    def make_proposer(self, block_rows: int | None = None) -> TimestampProposer:
-        return TimestampProposer(self, self.rules, block_rows, self.spelling)
+    def make_proposer(self, call_sizes: Sequence[int] | None = None) -> TimestampProposer:
+        return TimestampProposer(self, self.rules, call_sizes, self.spelling)
 
 
 class TimestampProposer:
@@ -92,10 +92,10 @@ class TimestampProposer:
         self,
         buffer: CandidateBuffer,
         rules: TimestampRules,
-        block_rows: int | None = None,
+        call_sizes: Sequence[int] | None = None,
         spelling: Callable[[int], str] | None = None,
     ):
-        self.buffer, self.rules, self.block_rows, self.spelling = buffer, rules, block_rows, spelling
+        self.buffer, self.rules, self.call_sizes, self.spelling = buffer, rules, call_sizes, spelling
         self.cursor = -1  # no text committed yet: the first candidate is the stream's first token
         self.proposal: list[int] = []
 
@@ -109,7 +109,7 @@ class TimestampProposer:
         elif len(committed) > 1 and not is_ts(committed[-2]):
             guess = [root]  # root closed a segment: guess the next one opens at the same time
         text = (
-            self.buffer.ready(self.cursor + 1, room - len(guess), CONFIDENCE_THRESHOLD, self.block_rows)
+            self.buffer.ready(self.cursor + 1, room - len(guess), CONFIDENCE_THRESHOLD, self.call_sizes)
             if room > len(guess)
             else []
         )

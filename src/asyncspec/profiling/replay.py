@@ -22,6 +22,7 @@ from asyncspec.decoding.as2d import as2d_rounds
 from asyncspec.decoding.result import DecodeStats, commit_token
 from asyncspec.ondevice.accounting import StageAccounting, account
 from asyncspec.ondevice.buffer import CandidateBuffer, PublishedBatch
+from asyncspec.ondevice.call_plan import VerifyPlan
 from asyncspec.profiling.costs import CostProfile
 from asyncspec.profiling.trajectory import EOS, NativeRun, Publication, WindowTrajectory
 from asyncspec.verify import Verdict
@@ -198,7 +199,9 @@ def replay_as2d(trajectory: WindowTrajectory, source: str, budget: int, pricer: 
     publications = trajectory.sources[source]
     buffer = _ReplayBuffer(publications, source, pricer)
     rounds = _ReplayRounds(trajectory, buffer, budget, pricer)
-    as2d_rounds(rounds, buffer.make_proposer(trajectory.call_width), trajectory.target_next(0), rounds.committed)
+    plan = VerifyPlan(dict(trajectory.call_seconds)) if trajectory.call_seconds else None
+    proposer = buffer.make_proposer(trajectory.call_sizes)
+    as2d_rounds(rounds, proposer, trajectory.target_next(0), rounds.committed, plan)
     run = ReplayRun("as2d", source, budget, len(trajectory.tokens), rounds.now, rounds.widths, rounds.accepted)
     producer = [(p.started, p.published) for p in publications]
     run.accounting = account(producer, rounds.verifier, 0.0, rounds.now)

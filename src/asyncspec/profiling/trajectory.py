@@ -15,9 +15,10 @@ from typing import Any
 
 import numpy as np
 
+from asyncspec.decoding.as2d import verify_plan
 from asyncspec.decoding.result import DecodeResult
 from asyncspec.errors import InputError
-from asyncspec.models.base import call_width
+from asyncspec.models.base import call_sizes
 from asyncspec.trace import StageEvent
 
 EOS = -1  # stands for the target's end-of-sequence decision after the last reference token
@@ -54,7 +55,8 @@ class WindowTrajectory:
     finish_reason: str  # "eos" or "length"
     sources: dict[str, list[Publication]] = field(default_factory=dict)  # producer name -> publications
     native: dict[str, NativeRun] = field(default_factory=dict)  # "target", "as2d:<source>", "sd", ...
-    call_width: int | None = None  # the target's rows per call (fixed-shape engine), None: any width
+    call_sizes: list[int] | None = None  # rows a target call may run at (fixed-shape engine), None: any width
+    call_seconds: dict[int, float] | None = None  # per call size, where As²d chose among several (as2d.verify_plan)
 
     def target_next(self, index: int) -> int:
         """The target's greedy token at output position `index` (EOS past the end)."""
@@ -92,6 +94,7 @@ def reference_trajectory(window: str, dataset: str, samples: np.ndarray, target,
     """A trajectory seeded with a target-only run of `request`."""
     from asyncspec.decoding.result import output_limit
 
+    sizes, plan = call_sizes(target), verify_plan(target)
     trajectory = WindowTrajectory(
         window=window,
         dataset=dataset,
@@ -101,7 +104,8 @@ def reference_trajectory(window: str, dataset: str, samples: np.ndarray, target,
         limit=output_limit(request, target),
         tokens=list(result.tokens),
         finish_reason=result.stats.finish_reason,
-        call_width=call_width(target),
+        call_sizes=None if sizes is None else list(sizes),
+        call_seconds=None if plan is None else dict(plan.seconds),
     )
     trajectory.add_native("target", result)
     return trajectory
@@ -141,4 +145,9 @@ def _trajectory(row: dict[str, Any]) -> WindowTrajectory:
         key: NativeRun(n["method"], n["budget"], n["decode_s"], n["n_tokens"], [StageEvent(**e) for e in n["events"]])
         for key, n in row.pop("native").items()
     }
+    width = row.pop("call_width", None)  # files written before calls had several sizes
+    if width is not None and row.get("call_sizes") is None:
+        row["call_sizes"] = [width]
+    if row.get("call_seconds") is not None:
+        row["call_seconds"] = {int(size): float(seconds) for size, seconds in row["call_seconds"].items()}
     return WindowTrajectory(**row, sources=sources, native=native)
