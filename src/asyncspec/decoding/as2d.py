@@ -169,10 +169,11 @@ def decode_as2d(
     stats = rounds.stats
     stats.prefill_s = trace.now()
     observe_prefill(stats, state)
-    as2d_rounds(rounds, buffer.make_proposer(call_sizes(target)), rounds.first_root, rounds.committed, plan)
+    sizes = call_sizes(target)
+    as2d_rounds(rounds, buffer.make_proposer(sizes), rounds.first_root, rounds.committed, plan)
     stats.decode_s = trace.now() - stats.prefill_s
     drafter.finish(buffer)
-    stats.as2d = _as2d_figures(trace, buffer, stats, len(rounds.committed))
+    stats.as2d = _as2d_figures(trace, buffer, stats, len(rounds.committed), sizes, plan)
     _record_publications(trace, buffer)
     return DecodeResult(METHOD, rounds.committed, stats, trace)
 
@@ -228,12 +229,21 @@ class As2dFigures:
     producer_messages_before_end: int  # commands about the request the producer read before the end (0)
     producer_intervals: list  # (began, published) per batch, seconds after decoding began
     call_intervals: list  # (start, end) per target call, same clock
+    call_sizes: list | None = None  # rows the target's calls could run at (None: any width)
+    call_seconds: dict | None = None  # the verify plan's timing per call size (None: no plan)
 
     def as_dict(self) -> dict:
         return asdict(self)
 
 
-def _as2d_figures(trace: Trace, buffer: CandidateBuffer, stats: DecodeStats, n_tokens: int) -> As2dFigures:
+def _as2d_figures(
+    trace: Trace,
+    buffer: CandidateBuffer,
+    stats: DecodeStats,
+    n_tokens: int,
+    sizes: tuple[int, ...] | None,
+    plan: VerifyPlan | None,
+) -> As2dFigures:
     start, end = stats.prefill_s, stats.prefill_s + stats.decode_s
     producer = [(b.started - trace.origin, b.published - trace.origin) for b in buffer.batches]
     verifier = [(e.start, e.end) for e in trace.events if e.stage in ("align", "verify")]
@@ -254,4 +264,7 @@ def _as2d_figures(trace: Trace, buffer: CandidateBuffer, stats: DecodeStats, n_t
         call_intervals=[
             (round(e.start - start, 4), round(e.end - start, 4)) for e in trace.events if e.stage == "verify"
         ],
+        # what a replay of this decode proposes with (profiling/trajectory.py)
+        call_sizes=None if sizes is None else list(sizes),
+        call_seconds=None if plan is None else dict(plan.seconds),
     )

@@ -15,7 +15,6 @@ from typing import Any
 
 import numpy as np
 
-from asyncspec.decoding.as2d import verify_plan
 from asyncspec.decoding.result import DecodeResult
 from asyncspec.errors import InputError
 from asyncspec.models.base import call_sizes
@@ -56,7 +55,7 @@ class WindowTrajectory:
     sources: dict[str, list[Publication]] = field(default_factory=dict)  # producer name -> publications
     native: dict[str, NativeRun] = field(default_factory=dict)  # "target", "as2d:<source>", "sd", ...
     call_sizes: list[int] | None = None  # rows a target call may run at (fixed-shape engine), None: any width
-    call_seconds: dict[int, float] | None = None  # per call size, where As²d chose among several (as2d.verify_plan)
+    call_seconds: dict[int, float] | None = None  # the As²d run's verify plan timings (as2d.verify_plan), if any
 
     def target_next(self, index: int) -> int:
         """The target's greedy token at output position `index` (EOS past the end)."""
@@ -76,6 +75,8 @@ class WindowTrajectory:
         self.native[key] = NativeRun(result.method, budget, result.stats.decode_s, len(result.tokens), events)
         if result.method == "as2d":  # key "as2d:<producer>"
             self.sources[key.removeprefix("as2d:")] = publications
+            figures = result.stats.as2d  # replay proposes as this run did: its call sizes and plan
+            self.call_sizes, self.call_seconds = figures.call_sizes, figures.call_seconds
 
 
 def _publication(event: StageEvent) -> Publication:
@@ -94,7 +95,7 @@ def reference_trajectory(window: str, dataset: str, samples: np.ndarray, target,
     """A trajectory seeded with a target-only run of `request`."""
     from asyncspec.decoding.result import output_limit
 
-    sizes, plan = call_sizes(target), verify_plan(target)
+    sizes = call_sizes(target)
     trajectory = WindowTrajectory(
         window=window,
         dataset=dataset,
@@ -105,7 +106,6 @@ def reference_trajectory(window: str, dataset: str, samples: np.ndarray, target,
         tokens=list(result.tokens),
         finish_reason=result.stats.finish_reason,
         call_sizes=None if sizes is None else list(sizes),
-        call_seconds=None if plan is None else dict(plan.seconds),
     )
     trajectory.add_native("target", result)
     return trajectory
