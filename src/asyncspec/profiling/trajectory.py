@@ -17,7 +17,6 @@ import numpy as np
 
 from asyncspec.decoding.result import DecodeResult
 from asyncspec.errors import InputError
-from asyncspec.models.base import call_sizes
 from asyncspec.trace import StageEvent
 
 EOS = -1  # stands for the target's end-of-sequence decision after the last reference token
@@ -54,7 +53,7 @@ class WindowTrajectory:
     finish_reason: str  # "eos" or "length"
     sources: dict[str, list[Publication]] = field(default_factory=dict)  # producer name -> publications
     native: dict[str, NativeRun] = field(default_factory=dict)  # "target", "as2d:<source>", "sd", ...
-    call_sizes: list[int] | None = None  # rows a target call may run at (fixed-shape engine), None: any width
+    call_sizes: list[int] | None = None  # rows its As²d run's target calls could run at (None: any width)
     call_seconds: dict[int, float] | None = None  # the As²d run's verify plan timings (as2d.verify_plan), if any
 
     def target_next(self, index: int) -> int:
@@ -95,7 +94,6 @@ def reference_trajectory(window: str, dataset: str, samples: np.ndarray, target,
     """A trajectory seeded with a target-only run of `request`."""
     from asyncspec.decoding.result import output_limit
 
-    sizes = call_sizes(target)
     trajectory = WindowTrajectory(
         window=window,
         dataset=dataset,
@@ -105,7 +103,6 @@ def reference_trajectory(window: str, dataset: str, samples: np.ndarray, target,
         limit=output_limit(request, target),
         tokens=list(result.tokens),
         finish_reason=result.stats.finish_reason,
-        call_sizes=None if sizes is None else list(sizes),
     )
     trajectory.add_native("target", result)
     return trajectory
