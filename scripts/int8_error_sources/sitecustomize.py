@@ -21,7 +21,7 @@ VARIANT = os.environ.get("INT8_VARIANT")
 if VARIANT:
     import torch
 
-    from asyncspec.models import forward_causal, forward_whisper, int8_linear
+    from asyncspec.models import forward_whisper, int8_linear, scripted_step
 
     PARTS = 127  # act16: x_q = hi * 127 + lo, |hi| <= 127, |lo| <= 63
 
@@ -65,6 +65,12 @@ if VARIANT:
     def each_applied(linears, x):  # no shared quantization: every linear goes through forward
         return [linear(x) for linear in linears]
 
+    def kept_apart(self, linears):  # no stacked q|k|v linear: each goes through forward
+        self.linears, self.widths, self.stacked = linears, [linear.out_features for linear in linears], None
+
     int8_linear.Int8Linear.__init__ = init_keeping_fp32  # type: ignore[method-assign]
     int8_linear.Int8Linear.forward = forward  # type: ignore[method-assign]
-    forward_whisper.shared_input = forward_causal.shared_input = each_applied
+    forward_whisper.shared_input = int8_linear.shared_input = each_applied
+    int8_linear.SideBySide.__init__ = kept_apart  # type: ignore[method-assign]
+    # the scripted decoding call computes the engine's own arithmetic: the eager forward runs instead
+    scripted_step.ScriptedWhisperStep.build = classmethod(lambda cls, *args: None)  # type: ignore[method-assign,assignment]

@@ -27,8 +27,9 @@ _COSTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # engine -> {(t
 # bumped when what a kept timing measures changes (2: integer cross-attention sums; 3: warmed up, best of
 # TIMED_CALLS: best of two cold calls kept a two-thread call at 19.9 ms against 17.8 on one, where
 # warmed up it takes 12.1 against 16.5, and target-only then decoded on one thread: 117 s cold
-# against 86 s warm on the large long-form set, 2-core Zen 4 capped to VNNI)
-COST_REVISION = 3
+# against 86 s warm on the large long-form set, 2-core Zen 4 capped to VNNI; 4: int8 Whisper's calls
+# through the TorchScript graph, a third cheaper: models/scripted_step.py)
+COST_REVISION = 4
 WARM_UP_CALLS = 2  # the first calls at a thread count wake its threads
 TIMED_CALLS = 5
 

@@ -17,7 +17,7 @@ from asyncspec.models.fixed_shape import (
     row_positions,
     write_rows,
 )
-from asyncspec.models.int8_linear import shared_input
+from asyncspec.models.int8_linear import SideBySide
 
 SUPPORTED_TYPES = frozenset({"qwen2", "qwen3", "llama"})
 
@@ -36,6 +36,11 @@ class CausalBlockForward:
         self.hidden_size = config.hidden_size
         self.scale = self.head_dim**-0.5
         self._rotary: tuple[torch.Tensor, torch.Tensor] | None = None
+        # built after the int8 engine replaced the linears (kv_backend._init_engine), as the engine is
+        self.projections = [
+            SideBySide([layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj])
+            for layer in self.model.layers
+        ]
 
     def new_cache(self, slots: int, context: torch.Tensor | None) -> StaticKV:
         return StaticKV.empty(len(self.model.layers), self.kv_heads, slots, self.head_dim)
@@ -60,7 +65,7 @@ class CausalBlockForward:
 
     def _attention(self, attention, h, slots: Sequence[RowSlot], index: int, rotary, prompt: bool) -> torch.Tensor:
         width = h.shape[0]
-        q, k, v = shared_input([attention.q_proj, attention.k_proj, attention.v_proj], h)
+        q, k, v = self.projections[index](h)
         queries = q.view(1, width, self.heads, self.head_dim).transpose(1, 2)
         keys = k.view(1, width, self.kv_heads, self.head_dim).transpose(1, 2)
         if hasattr(attention, "q_norm"):  # Qwen3: RMSNorm over each head's dimensions (row-wise)

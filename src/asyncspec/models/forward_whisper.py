@@ -22,7 +22,8 @@ from asyncspec.models.fixed_shape import (
     write_rows,
 )
 from asyncspec.models.int8_attention import QuantizedKeys, QuantizedValues, quantize_keys, quantize_values
-from asyncspec.models.int8_linear import shared_input
+from asyncspec.models.int8_linear import SideBySide, shared_input
+from asyncspec.models.scripted_step import ScriptedWhisperStep, scriptable_cross
 
 
 class WhisperBlockForward:
@@ -39,6 +40,14 @@ class WhisperBlockForward:
         self.hidden_size = config.d_model
         self.dtype = next(self.decoder.parameters()).dtype  # the encoder may run in another dtype
         self.last_position = config.max_target_positions - 1
+        # built after the int8 engine replaced the linears (kv_backend._init_engine), as the engine is
+        self.self_projections = [
+            SideBySide([layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj])
+            for layer in self.decoder.layers
+        ]
+        stacked = [projections.stacked for projections in self.self_projections]
+        # the one-request decoding call as one TorchScript graph, the same bits (scripted_step.py)
+        self.scripted = ScriptedWhisperStep.build(self.decoder, self.heads, stacked) if integer_attention else None
 
     @torch.inference_mode()
     def new_cache(self, slots: int, context: torch.Tensor | None) -> StaticKV:
@@ -70,6 +79,8 @@ class WhisperBlockForward:
         if any(slot.cache.cross is not cross for slot in slots):
             raise ValueError("the rows of one call must share one encoder output")
         positions = row_positions(slots, ids.shape[0], self.last_position)  # padding rows may overrun
+        if self.scripted is not None and not prompt and self._one_request_block(slots, ids.shape[0]):
+            return self.scripted(ids, positions, slots[0].cache, slots[0].position, len(slots))
         x = self.decoder.embed_tokens(ids) * self.decoder.embed_scale
         x = x + self.decoder.embed_positions.weight[positions].to(x.dtype)
         for index, layer in enumerate(self.decoder.layers):
@@ -79,9 +90,22 @@ class WhisperBlockForward:
             x = x + layer.fc2(layer.activation_fn(layer.fc1(layer.final_layer_norm(x))))
         return self.decoder.layer_norm(x)
 
+    def _one_request_block(self, slots: Sequence[RowSlot], width: int) -> bool:
+        """Are the rows one request's, at consecutive positions, in one cross-attention block, with
+        no attention record: the calls the scripted graph computes?"""
+        first = slots[0]
+        if first.cache.attention is not None or (self.block_rows is not None and width > self.block_rows):
+            return False
+        if not scriptable_cross(first.cache.cross):
+            return False
+        return all(
+            slot.real and slot.cache is first.cache and slot.position == first.position + row
+            for row, slot in enumerate(slots)
+        )
+
     def _self_attention(self, layer, h, slots: Sequence[RowSlot], index: int, prompt: bool) -> torch.Tensor:
         attention = layer.self_attn
-        q, k, v = shared_input([attention.q_proj, attention.k_proj, attention.v_proj], h)
+        q, k, v = self.self_projections[index](h)
         queries = self._heads(q * attention.scaling)
         keys = [slot.cache.keys[index] for slot in slots]
         values = [slot.cache.values[index] for slot in slots]

@@ -59,7 +59,7 @@ class FbgemmProducts:
 
     def __call__(self, x_q: torch.Tensor) -> torch.Tensor:
         return torch.ops.quantized.linear_with_input_q_dq_qweight_dq_output_fp32(
-            x_q.float(), 1.0, self.zero_point, self.packed
+            x_q if x_q.dtype == torch.float32 else x_q.float(), 1.0, self.zero_point, self.packed
         )
 
     def __deepcopy__(self, memo) -> FbgemmProducts:

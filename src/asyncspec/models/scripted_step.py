@@ -1,0 +1,262 @@
+"""The int8 Whisper decoder's one-request decoding call as one TorchScript graph: the same
+operators, in the same order, on the same tensors as the eager forward (forward_whisper.py,
+int8_linear.py, int8_attention.py, fixed_shape.attend_causal), so the same bits, without Python
+between them.
+
+Why: a one-row call of whisper-base int8 runs about 1,100 small operators (per-row quantization,
+scales, attention row by row), and in eager torch each costs Python and dispatch time beside its
+arithmetic. On a 2-core Zen 2 (AVX2 only, two threads) a whole one-row call, output projection
+included, took 12.4 ms eager and 7.9 ms with this graph (8 rows: 23.3 and 16.2 ms), bitwise
+equal; CTranslate2's step takes 8.7 ms there. The graph runs on TorchScript's plain interpreter
+(`torch.jit.optimized_execution(False)`): no profiling, no graph passes, no fuser, so each node
+calls the aten kernel eager torch calls, on the same tensors (and it was faster than the
+optimizing executor: 8.7 ms).
+
+Which calls: the rows of one request at consecutive positions, its cache without an attention
+record (word timestamps), no wider than the cross-attention block, with every linear of the
+layers FBGEMM's or `torch._int_mm`'s (oneDNN's packed kernel has no TorchScript binding). Any
+other call (a prompt block, requests side by side, stacked blocks) runs eagerly. `torch.jit` is
+deprecated in favour of `torch.compile`, which generates its own kernels: exactly what this must
+not do. Where scripting fails the eager forward runs, giving the same bits.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import torch
+
+from asyncspec.models import int8_fbgemm
+from asyncspec.models.int8_attention import QuantizedKeys, QuantizedValues
+from asyncspec.models.int8_fbgemm import FbgemmProducts
+from asyncspec.models.int8_linear import QMAX, TINY, Int8Linear, weight_range
+
+# A linear's kernel inside the graph: FBGEMM on fp32 codes, or torch._int_mm on int8 codes
+FBGEMM, INT_MM = 0, 1
+# (kind, FBGEMM's packing, torch._int_mm's [K, N] operand, FBGEMM's zero point, weight scale, bias)
+Linear = tuple[
+    int,
+    torch.classes.quantized.LinearPackedParamsBase,  # type: ignore[name-defined]
+    torch.Tensor,
+    int,
+    torch.Tensor,
+    torch.Tensor | None,
+]
+PER_LAYER = 6  # a layer's linears (q|k|v stacked, self out, cross q, cross out, fc1, fc2), and its norms' tensors
+
+
+def _linear(x: torch.Tensor, linear: Linear, tiny: float, qmax: float) -> torch.Tensor:
+    """Int8Linear.forward: quantize_rows, the integer products, the two scales, the bias."""
+    kind, packed, operand, zero_point, weight_scale, bias = linear
+    scale = x.abs().amax(dim=1, keepdim=True).clamp_(min=tiny).div_(qmax)
+    levels = torch.div(x, scale).round_()
+    if kind == 0:
+        y = torch.ops.quantized.linear_with_input_q_dq_qweight_dq_output_fp32(levels, 1.0, zero_point, packed)
+    else:
+        y = torch._int_mm(levels.to(torch.int8), operand).float()
+    y = y.mul_(scale).mul_(weight_scale)
+    if bias is not None:
+        y = y.add_(bias)
+    return y
+
+
+def _self_attention(
+    queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int, real: int, width: int
+) -> torch.Tensor:
+    """fixed_shape.attend_causal for one request's rows at start, start + 1, ... (heads = kv heads)."""
+    heads, head_dim = queries.shape[0], queries.shape[2]
+    out = torch.zeros(width, heads * head_dim, dtype=torch.float32)
+    for row in range(real):
+        visible = start + row + 1
+        q = queries[:, row].to(torch.float32, copy=True).view(heads, 1, head_dim)
+        scores = torch.matmul(q, keys[:, :visible].transpose(1, 2))
+        weights = torch.softmax(scores, dim=-1)
+        out[row] = torch.matmul(weights, values[:, :visible]).reshape(-1)
+    return out
+
+
+def _cross_attention(
+    queries: torch.Tensor,
+    key_codes: torch.Tensor,
+    key_scales: torch.Tensor,
+    value_codes: torch.Tensor,
+    value_scales: torch.Tensor,
+    base: int,
+    tiny: float,
+    qmax: float,
+) -> torch.Tensor:
+    """fixed_shape.attend_all with int8_attention.integer_scores and integer_weighted_sum."""
+    heads, rows, head_dim = queries.shape
+    flat = queries.reshape(heads * rows, head_dim)
+    row_scales = flat.abs().amax(dim=1, keepdim=True).clamp_(min=tiny).div_(qmax)
+    codes = torch.div(flat, row_scales).round_()
+    if key_codes.dtype == torch.float32:
+        sums = torch.matmul(codes.view(heads, rows, head_dim), key_codes)
+    else:
+        int8_codes = codes.to(torch.int8).view(heads, rows, head_dim)
+        sums = torch.empty((heads, rows, key_codes.shape[2]), dtype=torch.int32)
+        for head in range(heads):
+            torch._int_mm(int8_codes[head], key_codes[head], out=sums[head])
+    scores = torch.mul(sums, row_scales.view(heads, rows, 1)).mul_(key_scales)
+    weights = torch.softmax(scores, dim=-1)
+    scales = weights.amax(dim=-1, keepdim=True).clamp_(min=tiny).div_(base * base - 1)
+    levels = torch.div(weights, scales).round_()
+    high = levels.mul(1.0 / base).floor_()
+    digits = torch.empty((heads, 2 * rows, weights.shape[2]), dtype=value_codes.dtype)
+    digits[:, :rows] = high
+    digits[:, rows:] = levels.sub_(high, alpha=base)
+    if value_codes.dtype == torch.float32:
+        weighted = torch.matmul(value_codes, digits.transpose(1, 2))
+    else:
+        weighted = torch.empty((heads, value_codes.shape[1], 2 * rows), dtype=torch.int32)
+        for head in range(heads):
+            torch._int_mm(value_codes[head], digits[head].t(), out=weighted[head])
+    out = torch.mul(weighted[:, :, :rows], float(base)).add_(weighted[:, :, rows:])
+    out = out.mul_(scales.transpose(1, 2)).mul_(value_scales).transpose(1, 2)
+    return out.reshape(heads, rows, head_dim).transpose(0, 1).reshape(rows, heads * head_dim)
+
+
+def _decoder(
+    ids: torch.Tensor,
+    positions: torch.Tensor,
+    start: int,
+    real: int,
+    embedding: torch.Tensor,
+    embed_scale: float,
+    position_table: torch.Tensor,
+    norms: list[torch.Tensor],
+    eps: float,
+    linears: list[Linear],
+    scaling: float,
+    heads: int,
+    keys: list[torch.Tensor],
+    values: list[torch.Tensor],
+    cross: list[torch.Tensor],
+    base: int,
+    tiny: float,
+    qmax: float,
+) -> torch.Tensor:
+    """forward_whisper.WhisperBlockForward.__call__ for one block of one request: final hidden states."""
+    width = ids.shape[0]
+    x = torch.embedding(embedding, ids) * embed_scale
+    x = x + position_table[positions]
+    size = x.shape[1]
+    head_dim = size // heads
+    for layer in range(len(keys)):
+        n = 6 * layer  # PER_LAYER: its linears, and its 3 layer norms' weights and biases
+        h = torch.layer_norm(x, [size], norms[n], norms[n + 1], eps)
+        q, k, v = _linear(h, linears[n], tiny, qmax).split([size, size, size], dim=-1)
+        queries = (q * scaling).view(width, heads, head_dim).transpose(0, 1)
+        keys[layer][:, start : start + real] = k.view(width, heads, head_dim).transpose(0, 1)[:, :real]
+        values[layer][:, start : start + real] = v.view(width, heads, head_dim).transpose(0, 1)[:, :real]
+        attended = _self_attention(queries, keys[layer], values[layer], start, real, width)
+        x = x + _linear(attended, linears[n + 1], tiny, qmax)
+        h = torch.layer_norm(x, [size], norms[n + 2], norms[n + 3], eps)
+        q = _linear(h, linears[n + 2], tiny, qmax)
+        cross_queries = (q * scaling).view(width, heads, head_dim).transpose(0, 1).reshape(heads, width, head_dim)
+        c = 4 * layer
+        attended = _cross_attention(cross_queries, cross[c], cross[c + 1], cross[c + 2], cross[c + 3], base, tiny, qmax)
+        x = x + _linear(attended, linears[n + 3], tiny, qmax)
+        h = torch.layer_norm(x, [size], norms[n + 4], norms[n + 5], eps)
+        hidden = torch.nn.functional.gelu(_linear(h, linears[n + 4], tiny, qmax))
+        x = x + _linear(hidden, linears[n + 5], tiny, qmax)
+    last = 6 * len(keys)
+    return torch.layer_norm(x, [size], norms[last], norms[last + 1], eps)
+
+
+_SCRIPTED: list[Any] = []  # the compiled graph, once per process; [None] where scripting failed
+
+
+def compiled() -> Any:
+    """`_decoder` compiled by TorchScript, or None where this torch cannot (the eager forward runs)."""
+    if not _SCRIPTED:
+        try:
+            with warnings.catch_warnings():  # deprecated for torch.compile, which must not be used here
+                warnings.simplefilter("ignore", DeprecationWarning)
+                _SCRIPTED.append(torch.jit.script(_decoder))
+        except Exception:  # noqa: BLE001 - any failure to compile leaves the eager forward, same bits
+            _SCRIPTED.append(None)
+    return _SCRIPTED[0]
+
+
+class ScriptedWhisperStep:
+    """The scripted decoding call of one int8 Whisper decoder, over its modules' own tensors (built
+    after its linears were replaced by Int8Linear). `build` returns None where a linear's kernel
+    has no binding here or the graph does not compile: the eager forward runs."""
+
+    def __init__(self, decoder: Any, heads: int, linears: list[Int8Linear], bindings: list[tuple], graph: Any):
+        self.graph, self.heads = graph, heads
+        self.embedding, self.embed_scale = decoder.embed_tokens.weight, float(decoder.embed_scale)
+        self.position_table = decoder.embed_positions.weight
+        self.norms = [tensor for norm in _norms(decoder) for tensor in (norm.weight, norm.bias)]
+        self.eps = float(decoder.layer_norm.eps)
+        self.scaling = float(decoder.layers[0].self_attn.scaling)
+        self.linears = [
+            (*binding, linear.weight_scale, linear.bias) for linear, binding in zip(linears, bindings, strict=True)
+        ]
+        self.base = weight_range() + 1  # the weighted sum's digits, as int8_attention's
+
+    @classmethod
+    def build(cls, decoder: Any, heads: int, stacked_projections: list[Any]) -> ScriptedWhisperStep | None:
+        """stacked_projections: each layer's q|k|v linear (Int8Linear.side_by_side), or None."""
+        linears = [
+            linear
+            for layer, stacked in zip(decoder.layers, stacked_projections, strict=True)
+            for linear in (stacked, *_other_linears(layer))
+        ]
+        bindings = [_binding(linear) for linear in linears]
+        attentions = [attention for layer in decoder.layers for attention in (layer.self_attn, layer.encoder_attn)]
+        one_eps = len({float(norm.eps) for norm in _norms(decoder)}) == 1
+        one_scaling = len({float(attention.scaling) for attention in attentions}) == 1
+        if None in bindings or not (one_eps and one_scaling) or compiled() is None:
+            return None
+        return cls(decoder, heads, linears, bindings, compiled())
+
+    def __call__(self, ids: torch.Tensor, positions: torch.Tensor, cache: Any, start: int, real: int) -> torch.Tensor:
+        """Final hidden states [W, D] of ids [W] (the first `real` at start, start + 1, ... of `cache`,
+        the rest padding at `positions`); writes the real rows' keys and values into `cache`."""
+        cross = [t for keys, values in cache.cross for t in (keys.codes, keys.scales, values.codes, values.scales)]
+        with torch.jit.optimized_execution(False):
+            return self.graph(
+                ids, positions, start, real, self.embedding, self.embed_scale, self.position_table, self.norms,
+                self.eps, self.linears, self.scaling, self.heads, cache.keys, cache.values, cross, self.base,
+                TINY, float(QMAX),
+            )  # fmt: skip
+
+
+def scriptable_cross(cross: list) -> bool:
+    """Does a cache's cross-attention memory hold the int8 engine's quantized keys and values?"""
+    return bool(cross) and isinstance(cross[0][0], QuantizedKeys) and isinstance(cross[0][1], QuantizedValues)
+
+
+def _norms(decoder: Any) -> list[Any]:
+    """Every layer norm of the decoder, in the graph's order: each layer's three, then the last."""
+    layers = decoder.layers
+    per_layer = [
+        (layer.self_attn_layer_norm, layer.encoder_attn_layer_norm, layer.final_layer_norm) for layer in layers
+    ]
+    return [norm for norms in per_layer for norm in norms] + [decoder.layer_norm]
+
+
+def _other_linears(layer: Any) -> tuple[Any, ...]:
+    """A layer's linears after its stacked q|k|v, in the graph's order."""
+    return layer.self_attn.out_proj, layer.encoder_attn.q_proj, layer.encoder_attn.out_proj, layer.fc1, layer.fc2
+
+
+_PLACEHOLDERS: list[Any] = []  # an FBGEMM packing in the slots of linears that use torch._int_mm
+
+
+def _binding(linear: Any) -> tuple[int, Any, torch.Tensor, int] | None:
+    """(kind, FBGEMM packing, torch._int_mm's [K, N] operand, zero point) of an Int8Linear, each
+    unused slot a placeholder; None for another module or kernel (oneDNN's packing)."""
+    if not isinstance(linear, Int8Linear) or not int8_fbgemm.available():  # no placeholder packing
+        return None
+    if isinstance(linear.prepacked, FbgemmProducts):
+        return FBGEMM, linear.prepacked.packed, torch.empty(0, dtype=torch.int8), linear.prepacked.zero_point
+    if linear.prepacked is not None:
+        return None
+    if not _PLACEHOLDERS:
+        _PLACEHOLDERS.append(FbgemmProducts(torch.ones(1, 1, dtype=torch.int8)).packed)
+    operand = linear.weight_q if linear.layout == "kn" else linear.weight_q.t()
+    return INT_MM, _PLACEHOLDERS[0], operand, 0

@@ -1,0 +1,145 @@
+"""The int8 Whisper decoding call as one TorchScript graph (models/scripted_step.py) computes the
+eager forward's bits: hidden states and written keys/values, at every width and with padding
+rows, in tiny and real models, and target-only output through the engine is unchanged. The
+control: a graph given one scale off by an ulp gives other bits, and the comparison says so. Calls
+the graph does not cover (a prompt block, requests side by side, a word-timestamp record, an
+engine that is not int8 or a linear on oneDNN's packing) run eagerly; a record of the
+cross-attention, which the graph does not keep, is still written."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from asyncspec.decoding.methods import METHODS
+from asyncspec.decoding.result import DecodeConfig
+from asyncspec.models import int8_fbgemm, int8_linear
+from asyncspec.models.attention_record import AttentionRecord
+from asyncspec.models.fixed_shape import block_slots
+from conftest import synthetic_speech, tiny_whisper
+
+pytestmark = pytest.mark.skipif(not int8_fbgemm.available(), reason="this torch build has no FBGEMM")
+
+
+def prefilled(target, seed: int):
+    state = target.prefill(target.request(synthetic_speech(2.0, seed=seed), max_new_tokens=24))
+    return state, state.length
+
+
+def one_block(forward, cache, start: int, tokens: list[int], width: int, scripted) -> tuple[torch.Tensor, list]:
+    """Hidden states of the real rows and every layer's keys/values up to them, with `scripted`
+    (or None: eager) in place."""
+    saved, forward.scripted = forward.scripted, scripted
+    try:
+        ids = torch.tensor(tokens + [0] * (width - len(tokens)))
+        hidden = forward(block_slots(cache, start, len(tokens)), ids)[: len(tokens)].clone()
+    finally:
+        forward.scripted = saved
+    end = start + len(tokens)
+    return hidden, [t[:, :end].clone() for t in (*cache.keys, *cache.values)]
+
+
+def assert_same_bits(forward, cache, start: int, tokens: list[int], width: int, scripted) -> None:
+    eager_hidden, eager_kv = one_block(forward, cache, start, tokens, width, None)
+    hidden, kv = one_block(forward, cache, start, tokens, width, scripted)
+    assert torch.equal(hidden, eager_hidden), f"{len(tokens)} rows in {width}"
+    assert all(torch.equal(a, b) for a, b in zip(kv, eager_kv, strict=True)), f"{len(tokens)} rows in {width}"
+
+
+@pytest.mark.parametrize("layout", ["fbgemm", "nk"])
+def test_the_graph_gives_the_eager_bits_at_every_width_and_with_padding(layout, monkeypatch):
+    monkeypatch.setattr(int8_linear, "measured_layout", lambda quantized: (layout, None))
+    target = tiny_whisper("int8", seed=31, peak=20.0)
+    forward = target.engine.forward
+    assert forward.scripted is not None and {kind for kind, *_ in forward.scripted.linears} == {0 if layout == "fbgemm" else 1}
+    state, start = prefilled(target, 31)
+    for rows, width in [(1, 1), (2, 2), (3, 4), (4, 4), (5, 8), (8, 8)]:
+        assert_same_bits(forward, state.cache, start, list(range(300, 300 + rows)), width, forward.scripted)
+
+
+def test_the_control_a_graph_one_ulp_off_gives_other_bits():
+    target = tiny_whisper("int8", seed=32, peak=20.0)
+    forward = target.engine.forward
+    state, start = prefilled(target, 32)
+    wrong = copy.copy(forward.scripted)
+    kind, packed, operand, zero_point, scale, bias = wrong.linears[0]
+    wrong.linears = [(kind, packed, operand, zero_point, torch.nextafter(scale, scale + 1), bias), *wrong.linears[1:]]
+    with pytest.raises(AssertionError):
+        assert_same_bits(forward, state.cache, start, [300, 301], 2, wrong)
+
+
+def test_target_only_output_and_logits_are_unchanged_through_the_engine():
+    target = tiny_whisper("int8", seed=33, peak=20.0)
+    request = target.request(synthetic_speech(2.0, seed=33), max_new_tokens=24)
+    scripted = METHODS["target"](target, None, request, DecodeConfig()).tokens
+    forward = target.engine.forward
+    saved, forward.scripted = forward.scripted, None
+    eager = METHODS["target"](target, None, request, DecodeConfig()).tokens
+    forward.scripted = saved
+    assert scripted == eager and len(scripted) > 8
+    logits = []
+    for graph in (saved, None):
+        forward.scripted = graph
+        state = target.prefill(request)
+        logits.append(target.extend(state, scripted[:5]))
+    forward.scripted = saved
+    assert torch.equal(logits[0], logits[1])
+
+
+class CallCounter:
+    """Wraps a ScriptedWhisperStep, counting the calls it computes."""
+
+    def __init__(self, inner):
+        self.inner, self.calls = inner, 0
+
+    def __call__(self, *args):
+        self.calls += 1
+        return self.inner(*args)
+
+
+def test_calls_the_graph_does_not_cover_run_eagerly():
+    target = tiny_whisper("int8", seed=34, peak=20.0)
+    forward = target.engine.forward
+    counter = forward.scripted = CallCounter(forward.scripted)
+    state, start = prefilled(target, 34)
+    other = state.cache.sibling()  # another request over the same encoder output
+    before = counter.calls
+    forward(block_slots(state.cache, start, 3), torch.tensor([300, 301, 302, 0]), prompt=True)  # a prompt block
+    slots = block_slots(state.cache, start, 1) + block_slots(other, 0, 1)
+    forward(slots, torch.tensor([301, 302]))  # two requests side by side
+    wide = block_slots(state.cache, start, forward.block_rows + 1)
+    forward(wide, torch.arange(300, 300 + forward.block_rows + 1))  # wider than a cross-attention block
+    recorded = state.cache.copy()
+    recorded.attention = AttentionRecord.empty(target.alignment_heads, recorded.slots, 1500)  # word timestamps
+    forward(block_slots(recorded, start, 1), torch.tensor([300]))
+    assert counter.calls == before and recorded.attention.weights.abs().sum() > 0
+    target.extend(state, [300])  # the control: a decoding call of one request
+    assert counter.calls == before + 1
+    for engine_target in (tiny_whisper(torch.float32, seed=34), tiny_whisper("int8", seed=34, engine="transformers")):
+        assert getattr(engine_target.engine, "forward", None) is None or engine_target.engine.forward.scripted is None
+
+
+def test_a_linear_on_onednn_packing_leaves_the_eager_forward(monkeypatch):
+    if not int8_linear.int8_packed.available():
+        pytest.skip("this torch build has no oneDNN int8 inner product")
+    monkeypatch.setattr(int8_linear, "measured_layout", lambda quantized: ("packed", None))
+    assert tiny_whisper("int8", seed=36).engine.forward.scripted is None
+
+
+@pytest.mark.real
+def test_real_whisper_base_int8_calls_give_the_eager_bits():
+    from asyncspec.audio import load_audio
+    from asyncspec.data.librivox import librivox_clips
+    from asyncspec.models.registry import load_decoder
+
+    target = load_decoder("whisper-base", "int8", encoder="fp32")
+    forward = target.engine.forward
+    assert forward.scripted is not None
+    state = target.prefill(target.request(load_audio(librivox_clips()[0].path)))
+    tokens = [target.greedy(target.extend(state, [50364]))[-1]]
+    for _ in range(12):
+        tokens.append(target.greedy(target.extend(state, tokens[-1:]))[-1])
+    for rows, width in [(1, 1), (2, 2), (3, 4), (8, 8)]:
+        assert_same_bits(forward, state.cache, state.length, tokens[:rows], width, forward.scripted)
