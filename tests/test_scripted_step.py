@@ -53,7 +53,8 @@ def test_the_graph_gives_the_eager_bits_at_every_width_and_with_padding(layout, 
     monkeypatch.setattr(int8_linear, "measured_layout", lambda quantized: (layout, None))
     target = tiny_whisper("int8", seed=31, peak=20.0)
     forward = target.engine.forward
-    assert forward.scripted is not None and {kind for kind, *_ in forward.scripted.linears} == {0 if layout == "fbgemm" else 1}
+    assert forward.scripted is not None
+    assert {kind for kind, *_ in forward.scripted.linears} == {0 if layout == "fbgemm" else 1}
     state, start = prefilled(target, 31)
     for rows, width in [(1, 1), (2, 2), (3, 4), (4, 4), (5, 8), (8, 8)]:
         assert_same_bits(forward, state.cache, start, list(range(300, 300 + rows)), width, forward.scripted)
