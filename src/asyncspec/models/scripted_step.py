@@ -32,7 +32,8 @@ from asyncspec.models.int8_attention import QuantizedKeys, QuantizedValues
 from asyncspec.models.int8_fbgemm import FbgemmProducts
 from asyncspec.models.int8_linear import QMAX, TINY, Int8Linear, weight_range
 
-# A linear's kernel inside the graph: FBGEMM on fp32 codes, or torch._int_mm on int8 codes
+# A linear's kernel inside the graph (TorchScript reads no module constant: the graph spells them
+# 0 and 1): FBGEMM on fp32 codes, or torch._int_mm on int8 codes
 FBGEMM, INT_MM = 0, 1
 # (kind, FBGEMM's packing, torch._int_mm's [K, N] operand, FBGEMM's zero point, weight scale, bias)
 Linear = tuple[
@@ -43,7 +44,6 @@ Linear = tuple[
     torch.Tensor,
     torch.Tensor | None,
 ]
-PER_LAYER = 6  # a layer's linears (q|k|v stacked, self out, cross q, cross out, fc1, fc2), and its norms' tensors
 
 
 def _linear(x: torch.Tensor, linear: Linear, tiny: float, qmax: float) -> torch.Tensor:
@@ -51,7 +51,7 @@ def _linear(x: torch.Tensor, linear: Linear, tiny: float, qmax: float) -> torch.
     kind, packed, operand, zero_point, weight_scale, bias = linear
     scale = x.abs().amax(dim=1, keepdim=True).clamp_(min=tiny).div_(qmax)
     levels = torch.div(x, scale).round_()
-    if kind == 0:
+    if kind == 0:  # FBGEMM
         y = torch.ops.quantized.linear_with_input_q_dq_qweight_dq_output_fp32(levels, 1.0, zero_point, packed)
     else:
         y = torch._int_mm(levels.to(torch.int8), operand).float()
@@ -144,7 +144,7 @@ def _decoder(
     size = x.shape[1]
     head_dim = size // heads
     for layer in range(len(keys)):
-        n = 6 * layer  # PER_LAYER: its linears, and its 3 layer norms' weights and biases
+        n = 6 * layer  # a layer's 6 linears (q|k|v, self out, cross q, cross out, fc1, fc2); its 3 norms' 6 tensors
         h = torch.layer_norm(x, [size], norms[n], norms[n + 1], eps)
         q, k, v = _linear(h, linears[n], tiny, qmax).split([size, size, size], dim=-1)
         queries = (q * scaling).view(width, heads, head_dim).transpose(0, 1)
@@ -161,7 +161,7 @@ def _decoder(
         h = torch.layer_norm(x, [size], norms[n + 4], norms[n + 5], eps)
         hidden = torch.nn.functional.gelu(_linear(h, linears[n + 4], tiny, qmax))
         x = x + _linear(hidden, linears[n + 5], tiny, qmax)
-    last = 6 * len(keys)
+    last = 6 * len(keys)  # the final norm's weight and bias
     return torch.layer_norm(x, [size], norms[last], norms[last + 1], eps)
 
 
