@@ -1,10 +1,11 @@
-"""The int8 Whisper decoding call as one TorchScript graph (models/scripted_step.py) computes the
-eager forward's bits: hidden states and written keys/values, at every width and with padding
-rows, in tiny and real models, and target-only output through the engine is unchanged. The
-control: a graph given one scale off by an ulp gives other bits, and the comparison says so. Calls
-the graph does not cover (a prompt block, requests side by side, a word-timestamp record, an
-engine that is not int8 or a linear on oneDNN's packing) run eagerly; a record of the
-cross-attention, which the graph does not keep, is still written."""
+"""The int8 decoding call as one TorchScript graph (models/scripted_step.py for Whisper,
+models/scripted_causal.py for Qwen2 and Llama layouts) computes the eager forward's bits: hidden
+states and written keys/values, at every width and with padding rows, in tiny models and in
+whisper-base and Qwen2.5-Coder 0.5B; target-only output through the engine is unchanged. The
+control: a graph given one weight scale off by an ulp gives other bits, and the comparison says
+so. Calls the graph does not cover (a prompt block, requests side by side, a word-timestamp record,
+an engine that is not int8, a linear on oneDNN's packing, Qwen3's per-head norms) run eagerly; a
+record of the cross-attention, which the graph does not keep, is still written."""
 
 from __future__ import annotations
 
@@ -17,8 +18,9 @@ from asyncspec.decoding.methods import METHODS
 from asyncspec.decoding.result import DecodeConfig
 from asyncspec.models import int8_fbgemm, int8_linear
 from asyncspec.models.attention_record import AttentionRecord
+from asyncspec.models.base import DecodeRequest
 from asyncspec.models.fixed_shape import block_slots
-from conftest import synthetic_speech, tiny_whisper
+from conftest import synthetic_speech, tiny_causal, tiny_whisper
 
 pytestmark = pytest.mark.skipif(not int8_fbgemm.available(), reason="this torch build has no FBGEMM")
 
@@ -114,8 +116,9 @@ def test_calls_the_graph_does_not_cover_run_eagerly():
     forward(wide, torch.arange(300, 300 + forward.block_rows + 1))  # wider than a cross-attention block
     recorded = state.cache.copy()
     recorded.attention = AttentionRecord.empty(target.alignment_heads, recorded.slots, 1500)  # word timestamps
+    recorded.attention.weights.zero_()
     forward(block_slots(recorded, start, 1), torch.tensor([300]))
-    assert counter.calls == before and recorded.attention.weights.abs().sum() > 0
+    assert counter.calls == before and recorded.attention.weights[start].abs().sum() > 0
     target.extend(state, [300])  # the control: a decoding call of one request
     assert counter.calls == before + 1
     for engine_target in (tiny_whisper(torch.float32, seed=34), tiny_whisper("int8", seed=34, engine="transformers")):
@@ -143,4 +146,53 @@ def test_real_whisper_base_int8_calls_give_the_eager_bits():
     for _ in range(12):
         tokens.append(target.greedy(target.extend(state, tokens[-1:]))[-1])
     for rows, width in [(1, 1), (2, 2), (3, 4), (8, 8)]:
+        assert_same_bits(forward, state.cache, state.length, tokens[:rows], width, forward.scripted)
+
+
+def causal_prefilled(target):
+    state = target.prefill(DecodeRequest((5, 9, 14, 2), max_new_tokens=24))
+    return state, state.length
+
+
+@pytest.mark.parametrize("layout", ["qwen2", "llama"])
+def test_the_causal_graph_gives_the_eager_bits_at_every_width_and_with_padding(layout):
+    target = tiny_causal("int8", seed=41, layout=layout, init_std=0.2)
+    forward = target.engine.forward
+    assert forward.scripted is not None
+    state, start = causal_prefilled(target)
+    for rows, width in [(1, 1), (2, 2), (3, 4), (5, 8), (8, 8)]:
+        assert_same_bits(forward, state.cache, start, list(range(20, 20 + rows)), width, forward.scripted)
+    wrong = copy.copy(forward.scripted)  # the control: one weight scale an ulp off
+    kind, packed, operand, zero_point, scale, bias = wrong.linears[2]
+    wrong.linears = [*wrong.linears[:2], (kind, packed, operand, zero_point, torch.nextafter(scale, scale + 1), bias)]
+    wrong.linears += forward.scripted.linears[3:]
+    with pytest.raises(AssertionError):
+        assert_same_bits(forward, state.cache, start, [20, 21], 2, wrong)
+
+
+def test_causal_target_only_output_is_unchanged_and_uncovered_models_run_eagerly():
+    target = tiny_causal("int8", seed=42, init_std=0.2)
+    request = DecodeRequest((5, 9, 14, 2), max_new_tokens=24)
+    scripted = METHODS["target"](target, None, request, DecodeConfig()).tokens
+    forward = target.engine.forward
+    saved, forward.scripted = forward.scripted, None
+    eager = METHODS["target"](target, None, request, DecodeConfig()).tokens
+    forward.scripted = saved
+    assert scripted == eager and len(scripted) > 8
+    assert tiny_causal("int8", seed=42, layout="qwen3").engine.forward.scripted is None  # per-head norms
+    assert tiny_causal(torch.float32, seed=42).engine.forward.scripted is None
+
+
+@pytest.mark.real
+def test_real_qwen_05b_int8_calls_give_the_eager_bits():
+    from asyncspec.models.registry import load_decoder
+
+    target = load_decoder("qwen2.5-coder-0.5b", "int8")
+    forward = target.engine.forward
+    assert forward.scripted is not None
+    state = target.prefill(target.request("def fibonacci(n):\n    ", max_new_tokens=16))
+    tokens = [target.greedy(target.extend(state, [151643]))[-1]]
+    for _ in range(6):
+        tokens.append(target.greedy(target.extend(state, tokens[-1:]))[-1])
+    for rows, width in [(1, 1), (2, 2), (3, 4), (7, 8)]:
         assert_same_bits(forward, state.cache, state.length, tokens[:rows], width, forward.scripted)

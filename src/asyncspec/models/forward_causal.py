@@ -18,6 +18,8 @@ from asyncspec.models.fixed_shape import (
     write_rows,
 )
 from asyncspec.models.int8_linear import SideBySide
+from asyncspec.models.scripted_causal import ScriptedCausalStep
+from asyncspec.models.scripted_step import one_request_block
 
 SUPPORTED_TYPES = frozenset({"qwen2", "qwen3", "llama"})
 
@@ -41,6 +43,9 @@ class CausalBlockForward:
             SideBySide([layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj])
             for layer in self.model.layers
         ]
+        stacked = [projections.stacked for projections in self.projections]
+        # the one-request decoding call as one TorchScript graph, the same bits (scripted_causal.py)
+        self.scripted = ScriptedCausalStep.build(self.model, self.heads, self.scale, stacked)
 
     def new_cache(self, slots: int, context: torch.Tensor | None) -> StaticKV:
         return StaticKV.empty(len(self.model.layers), self.kv_heads, slots, self.head_dim)
@@ -57,6 +62,8 @@ class CausalBlockForward:
         x = self.model.embed_tokens(ids)
         cos, sin = self._rotary_table(max(slot.cache.slots for slot in slots), x)
         positions = row_positions(slots, ids.shape[0])
+        if self.scripted is not None and not prompt and one_request_block(slots):
+            return self.scripted(ids, positions, (cos, sin), slots[0].cache, slots[0].position, len(slots))
         rotary = (cos[positions].unsqueeze(0), sin[positions].unsqueeze(0))
         for index, layer in enumerate(self.model.layers):
             x = x + self._attention(layer.self_attn, layer.input_layernorm(x), slots, index, rotary, prompt)

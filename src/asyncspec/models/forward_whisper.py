@@ -23,7 +23,7 @@ from asyncspec.models.fixed_shape import (
 )
 from asyncspec.models.int8_attention import QuantizedKeys, QuantizedValues, quantize_keys, quantize_values
 from asyncspec.models.int8_linear import SideBySide, shared_input
-from asyncspec.models.scripted_step import ScriptedWhisperStep, scriptable_cross
+from asyncspec.models.scripted_step import ScriptedWhisperStep, one_request_block, scriptable_cross
 
 
 class WhisperBlockForward:
@@ -96,12 +96,7 @@ class WhisperBlockForward:
         first = slots[0]
         if first.cache.attention is not None or (self.block_rows is not None and width > self.block_rows):
             return False
-        if not scriptable_cross(first.cache.cross):
-            return False
-        return all(
-            slot.real and slot.cache is first.cache and slot.position == first.position + row
-            for row, slot in enumerate(slots)
-        )
+        return scriptable_cross(first.cache.cross) and one_request_block(slots)
 
     def _self_attention(self, layer, h, slots: Sequence[RowSlot], index: int, prompt: bool) -> torch.Tensor:
         attention = layer.self_attn

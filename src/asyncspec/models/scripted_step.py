@@ -23,6 +23,7 @@ not do. Where scripting fails the eager forward runs, giving the same bits.
 from __future__ import annotations
 
 import warnings
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -46,7 +47,7 @@ Linear = tuple[
 ]
 
 
-def _linear(x: torch.Tensor, linear: Linear, tiny: float, qmax: float) -> torch.Tensor:
+def linear_step(x: torch.Tensor, linear: Linear, tiny: float, qmax: float) -> torch.Tensor:
     """Int8Linear.forward: quantize_rows, the integer products, the two scales, the bias."""
     kind, packed, operand, zero_point, weight_scale, bias = linear
     scale = x.abs().amax(dim=1, keepdim=True).clamp_(min=tiny).div_(qmax)
@@ -61,17 +62,18 @@ def _linear(x: torch.Tensor, linear: Linear, tiny: float, qmax: float) -> torch.
     return y
 
 
-def _self_attention(
-    queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int, real: int, width: int
+def self_attention(
+    queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int, real: int, width: int, scale: float
 ) -> torch.Tensor:
-    """fixed_shape.attend_causal for one request's rows at start, start + 1, ... (heads = kv heads)."""
-    heads, head_dim = queries.shape[0], queries.shape[2]
+    """fixed_shape.attend_causal for one request's rows at start, start + 1, ...: queries [H, W, D_h],
+    keys/values its cache's [H_kv, slots, D_h] (grouped-query heads share theirs)."""
+    heads, head_dim, kv_heads = queries.shape[0], queries.shape[2], keys.shape[0]
     out = torch.zeros(width, heads * head_dim, dtype=torch.float32)
     for row in range(real):
         visible = start + row + 1
-        q = queries[:, row].to(torch.float32, copy=True).view(heads, 1, head_dim)
+        q = queries[:, row].to(torch.float32, copy=True).view(kv_heads, heads // kv_heads, head_dim)
         scores = torch.matmul(q, keys[:, :visible].transpose(1, 2))
-        weights = torch.softmax(scores, dim=-1)
+        weights = torch.softmax(scores * scale if scale != 1.0 else scores, dim=-1)
         out[row] = torch.matmul(weights, values[:, :visible]).reshape(-1)
     return out
 
@@ -146,38 +148,38 @@ def _decoder(
     for layer in range(len(keys)):
         n = 6 * layer  # a layer's 6 linears (q|k|v, self out, cross q, cross out, fc1, fc2); its 3 norms' 6 tensors
         h = torch.layer_norm(x, [size], norms[n], norms[n + 1], eps)
-        q, k, v = _linear(h, linears[n], tiny, qmax).split([size, size, size], dim=-1)
+        q, k, v = linear_step(h, linears[n], tiny, qmax).split([size, size, size], dim=-1)
         queries = (q * scaling).view(width, heads, head_dim).transpose(0, 1)
         keys[layer][:, start : start + real] = k.view(width, heads, head_dim).transpose(0, 1)[:, :real]
         values[layer][:, start : start + real] = v.view(width, heads, head_dim).transpose(0, 1)[:, :real]
-        attended = _self_attention(queries, keys[layer], values[layer], start, real, width)
-        x = x + _linear(attended, linears[n + 1], tiny, qmax)
+        attended = self_attention(queries, keys[layer], values[layer], start, real, width, 1.0)
+        x = x + linear_step(attended, linears[n + 1], tiny, qmax)
         h = torch.layer_norm(x, [size], norms[n + 2], norms[n + 3], eps)
-        q = _linear(h, linears[n + 2], tiny, qmax)
+        q = linear_step(h, linears[n + 2], tiny, qmax)
         cross_queries = (q * scaling).view(width, heads, head_dim).transpose(0, 1).reshape(heads, width, head_dim)
         c = 4 * layer
         attended = _cross_attention(cross_queries, cross[c], cross[c + 1], cross[c + 2], cross[c + 3], base, tiny, qmax)
-        x = x + _linear(attended, linears[n + 3], tiny, qmax)
+        x = x + linear_step(attended, linears[n + 3], tiny, qmax)
         h = torch.layer_norm(x, [size], norms[n + 4], norms[n + 5], eps)
-        hidden = torch.nn.functional.gelu(_linear(h, linears[n + 4], tiny, qmax))
-        x = x + _linear(hidden, linears[n + 5], tiny, qmax)
+        hidden = torch.nn.functional.gelu(linear_step(h, linears[n + 4], tiny, qmax))
+        x = x + linear_step(hidden, linears[n + 5], tiny, qmax)
     last = 6 * len(keys)  # the final norm's weight and bias
     return torch.layer_norm(x, [size], norms[last], norms[last + 1], eps)
 
 
-_SCRIPTED: list[Any] = []  # the compiled graph, once per process; [None] where scripting failed
+_SCRIPTED: dict[Any, Any] = {}  # function -> its compiled graph, once per process; None where it failed
 
 
-def compiled() -> Any:
-    """`_decoder` compiled by TorchScript, or None where this torch cannot (the eager forward runs)."""
-    if not _SCRIPTED:
+def compiled(function: Any) -> Any:
+    """`function` compiled by TorchScript, or None where this torch cannot (the eager forward runs)."""
+    if function not in _SCRIPTED:
         try:
             with warnings.catch_warnings():  # deprecated for torch.compile, which must not be used here
                 warnings.simplefilter("ignore", DeprecationWarning)
-                _SCRIPTED.append(torch.jit.script(_decoder))
+                _SCRIPTED[function] = torch.jit.script(function)
         except Exception:  # noqa: BLE001 - any failure to compile leaves the eager forward, same bits
-            _SCRIPTED.append(None)
-    return _SCRIPTED[0]
+            _SCRIPTED[function] = None
+    return _SCRIPTED[function]
 
 
 class ScriptedWhisperStep:
@@ -205,13 +207,13 @@ class ScriptedWhisperStep:
             for layer, stacked in zip(decoder.layers, stacked_projections, strict=True)
             for linear in (stacked, *_other_linears(layer))
         ]
-        bindings = [_binding(linear) for linear in linears]
+        bindings = [binding(linear) for linear in linears]
         attentions = [attention for layer in decoder.layers for attention in (layer.self_attn, layer.encoder_attn)]
         one_eps = len({float(norm.eps) for norm in _norms(decoder)}) == 1
         one_scaling = len({float(attention.scaling) for attention in attentions}) == 1
-        if None in bindings or not (one_eps and one_scaling) or compiled() is None:
+        if None in bindings or not (one_eps and one_scaling) or compiled(_decoder) is None:
             return None
-        return cls(decoder, heads, linears, bindings, compiled())
+        return cls(decoder, heads, linears, bindings, compiled(_decoder))
 
     def __call__(self, ids: torch.Tensor, positions: torch.Tensor, cache: Any, start: int, real: int) -> torch.Tensor:
         """Final hidden states [W, D] of ids [W] (the first `real` at start, start + 1, ... of `cache`,
@@ -223,6 +225,15 @@ class ScriptedWhisperStep:
                 self.eps, self.linears, self.scaling, self.heads, cache.keys, cache.values, cross, self.base,
                 TINY, float(QMAX),
             )  # fmt: skip
+
+
+def one_request_block(slots: Sequence[Any]) -> bool:
+    """Are a call's rows all real, of one request, at consecutive positions?"""
+    first = slots[0]
+    return all(
+        slot.real and slot.cache is first.cache and slot.position == first.position + row
+        for row, slot in enumerate(slots)
+    )
 
 
 def scriptable_cross(cross: list) -> bool:
@@ -247,7 +258,7 @@ def _other_linears(layer: Any) -> tuple[Any, ...]:
 _PLACEHOLDERS: list[Any] = []  # an FBGEMM packing in the slots of linears that use torch._int_mm
 
 
-def _binding(linear: Any) -> tuple[int, Any, torch.Tensor, int] | None:
+def binding(linear: Any) -> tuple[int, Any, torch.Tensor, int] | None:
     """(kind, FBGEMM packing, torch._int_mm's [K, N] operand, zero point) of an Int8Linear, each
     unused slot a placeholder; None for another module or kernel (oneDNN's packing)."""
     if not isinstance(linear, Int8Linear) or not int8_fbgemm.available():  # no placeholder packing
