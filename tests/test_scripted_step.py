@@ -73,16 +73,25 @@ def test_the_control_a_graph_one_ulp_off_gives_other_bits():
         assert_same_bits(forward, state.cache, start, [300, 301], 2, wrong)
 
 
+def target_only_both_ways(target, request) -> list[int]:
+    """Target-only tokens with the graph, checked equal to those without it."""
+    forward = target.engine.forward
+    scripted = METHODS["target"](target, None, request, DecodeConfig()).tokens
+    saved, forward.scripted = forward.scripted, None
+    try:
+        eager = METHODS["target"](target, None, request, DecodeConfig()).tokens
+    finally:
+        forward.scripted = saved
+    assert scripted == eager and len(scripted) > 8
+    return scripted
+
+
 def test_target_only_output_and_logits_are_unchanged_through_the_engine():
     target = tiny_whisper("int8", seed=33, peak=20.0)
     request = target.request(synthetic_speech(2.0, seed=33), max_new_tokens=24)
-    scripted = METHODS["target"](target, None, request, DecodeConfig()).tokens
+    scripted = target_only_both_ways(target, request)
     forward = target.engine.forward
-    saved, forward.scripted = forward.scripted, None
-    eager = METHODS["target"](target, None, request, DecodeConfig()).tokens
-    forward.scripted = saved
-    assert scripted == eager and len(scripted) > 8
-    logits = []
+    saved, logits = forward.scripted, []
     for graph in (saved, None):
         forward.scripted = graph
         state = target.prefill(request)
@@ -173,12 +182,7 @@ def test_the_causal_graph_gives_the_eager_bits_at_every_width_and_with_padding(l
 def test_causal_target_only_output_is_unchanged_and_uncovered_models_run_eagerly():
     target = tiny_causal("int8", seed=42, init_std=0.2)
     request = DecodeRequest((5, 9, 14, 2), max_new_tokens=24)
-    scripted = METHODS["target"](target, None, request, DecodeConfig()).tokens
-    forward = target.engine.forward
-    saved, forward.scripted = forward.scripted, None
-    eager = METHODS["target"](target, None, request, DecodeConfig()).tokens
-    forward.scripted = saved
-    assert scripted == eager and len(scripted) > 8
+    target_only_both_ways(target, request)
     assert tiny_causal("int8", seed=42, layout="qwen3").engine.forward.scripted is None  # per-head norms
     assert tiny_causal(torch.float32, seed=42).engine.forward.scripted is None
 

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from asyncspec.models.int8_linear import QMAX, TINY
-from asyncspec.models.scripted_step import Linear, binding, compiled, linear_step, self_attention
+from asyncspec.models.scripted_step import Linear, binding, compiled, graph_linears, linear_step, self_attention
 
 NORMS = frozenset({"Qwen2RMSNorm", "LlamaRMSNorm"})  # each: x * rsqrt(mean(x^2) + eps), times weight
 ACTIVATIONS = frozenset({"SiLUActivation", "SiLU"})  # each: torch.nn.functional.silu
@@ -84,9 +84,7 @@ class ScriptedCausalStep:
         self.embedding = model.embed_tokens.weight
         self.norms = [norm.weight for norm in _norms(model)]
         self.eps = float(model.norm.variance_epsilon)
-        self.linears = [
-            (*bound, linear.weight_scale, linear.bias) for linear, bound in zip(linears, bindings, strict=True)
-        ]
+        self.linears = graph_linears(linears, bindings)
 
     @classmethod
     def build(cls, model: Any, heads: int, scale: float, stacked_projections: list[Any]) -> ScriptedCausalStep | None:

@@ -194,9 +194,7 @@ class ScriptedWhisperStep:
         self.norms = [tensor for norm in _norms(decoder) for tensor in (norm.weight, norm.bias)]
         self.eps = float(decoder.layer_norm.eps)
         self.scaling = float(decoder.layers[0].self_attn.scaling)
-        self.linears = [
-            (*binding, linear.weight_scale, linear.bias) for linear, binding in zip(linears, bindings, strict=True)
-        ]
+        self.linears = graph_linears(linears, bindings)
         self.base = weight_range() + 1  # the weighted sum's digits, as int8_attention's
 
     @classmethod
@@ -253,6 +251,11 @@ def _norms(decoder: Any) -> list[Any]:
 def _other_linears(layer: Any) -> tuple[Any, ...]:
     """A layer's linears after its stacked q|k|v, in the graph's order."""
     return layer.self_attn.out_proj, layer.encoder_attn.q_proj, layer.encoder_attn.out_proj, layer.fc1, layer.fc2
+
+
+def graph_linears(linears: list[Int8Linear], bindings: list[tuple]) -> list[Linear]:
+    """Each linear as the graph reads it: its binding, then its weight scale and bias."""
+    return [(*bound, linear.weight_scale, linear.bias) for linear, bound in zip(linears, bindings, strict=True)]
 
 
 _PLACEHOLDERS: list[Any] = []  # an FBGEMM packing in the slots of linears that use torch._int_mm
