@@ -41,7 +41,7 @@ class WidthLog(ShapeDependentForward):
 
 
 def test_narrower_widths_and_the_probe_sizes():
-    assert narrower_widths(8) == [1, 2, 4] and narrower_widths(1) == [] and narrower_widths(5) == [1, 2, 4]
+    assert narrower_widths(8) == [1, 2, 3, 4, 5, 6, 7] and narrower_widths(1) == [] and narrower_widths(3) == [1, 2]
     assert sizes_within(4, 11) == [1, 2, 3, 4, 1] and sizes_within(1, 3) == [1, 1, 1]
     assert all(max(sizes_within(width, 11)) <= width for width in (1, 2, 4))
 
@@ -58,13 +58,13 @@ def test_int8_targets_decode_short_calls_narrow_and_target_only_output_is_unchan
     with torch_threads(1):
         padded = METHODS["target"](target, None, request, DecodeConfig()).tokens  # no verdict yet: full width
         report = invariance(target, use_cache=False, wide_threads=2)
-        assert report.passed and report.narrow_widths == (1, 2, 4), report.summary()
-        assert target.engine.narrow == {1: (1, 2, 4), 2: (1, 2, 4)}
+        assert report.passed and report.narrow_widths == (1, 2, 3, 4, 5, 6, 7), report.summary()
+        assert target.engine.narrow == {1: (1, 2, 3, 4, 5, 6, 7), 2: (1, 2, 3, 4, 5, 6, 7)}
         log = target.engine.forward = WidthLog(target.engine.forward)
         narrow = METHODS["target"](target, None, request, DecodeConfig()).tokens
     assert narrow == padded and len(narrow) > 8
     assert set(log.widths) == {1}  # one token per call, each call one row
-    assert target.engine.decoding_width(3) == 4 and target.engine.decoding_width(8) == 8
+    assert target.engine.decoding_width(3) == 3 and target.engine.decoding_width(8) == 8
     with torch_threads(3):  # a thread count the check did not run at: full width
         assert target.engine.decoding_width(1) == 8
 
@@ -84,7 +84,7 @@ def test_a_failed_verdict_narrows_nothing():
     target = tiny_causal("int8", seed=23)
     report = check_invariance(target)
     failed = type(report)(**{**report.__dict__, "passed": False})
-    assert report.narrowing(report.threads) == (1, 2, 4) and failed.narrowing(report.threads) == ()
+    assert report.narrowing(report.threads) == (1, 2, 3, 4, 5, 6, 7) and failed.narrowing(report.threads) == ()
 
 
 def test_the_self_test_runs_its_own_calls_at_full_width_whatever_was_proven_before():

@@ -8,10 +8,10 @@ call has one shape, whatever it carries:
 
 - a static KV cache of a fixed number of slots per request (`capacity` + `width`), written in place;
 - every call runs exactly `width` rows (a shorter call is padded, a longer one split into blocks),
-  or the narrowest width the self-test proved bitwise equal at this thread count (`narrow`, int8);
-  the prompt runs in blocks of `prefill_width` rows, the last one only as wide as the rows left
-  (rounded up to a multiple of `width`): a function of the prompt's length, so the same blocks in
-  every run of a request;
+  or the narrowest width the self-test proved bitwise equal at this thread count (`narrow`, int8,
+  each of a call's rows, of one request or several, computed alone); the prompt runs in blocks
+  of `prefill_width` rows, the last one only as wide as the rows left (rounded up to a multiple
+  of `width`): a function of the prompt's length, so the same blocks in every run of a request;
 - attention of the row at position p runs over exactly the slots 0..p, one row at a time, so its
   shapes depend on p alone (and its cost on the real context, not on the cache's size); a prompt
   block's rows attend in one masked product instead (`attend_prompt`): a prompt row is computed
@@ -19,9 +19,8 @@ call has one shape, whatever it carries:
 - the output projection runs over all rows of a decoding block; of a prompt block, only the rows
   whose logits are read are projected, gathered into calls of `width` rows;
 - one exception, the cloud's stacked calls (`run_stacked`): several requests' blocks, each padded
-  as in a call of its own, side by side in a call of 2, 4, 8 ... blocks. Its linears see a wider
-  call, so it is used only where the self-test's batch check found every block's rows bitwise
-  those of its own call (models/selftest.py).
+  as in a call of its own, side by side in a call of 2, 4, 8 ... blocks, used only where the
+  self-test's batch check found every block's rows bitwise those of its own call (selftest.py).
 
 Rollback only moves the length pointer: a slot past it is rewritten before any row can see it.
 """
@@ -53,9 +52,8 @@ class StaticKV:
 
     @classmethod
     def empty(cls, layers: int, kv_heads: int, slots: int, head_dim: int) -> StaticKV:
-        # Uninitialised on purpose: a slot is written before any row reads it (a row reads only
-        # slots 0..p), so zeroing a 4,096-slot cache per request (235 MB for Qwen 1.5B) is wasted
-        # work, and untouched pages of a large allocation stay unmapped.
+        # Uninitialised on purpose: a slot is written before any row reads it (slots 0..p), so zeroing
+        # a 4,096-slot cache (235 MB for Qwen 1.5B) is wasted work; untouched pages stay unmapped.
         shape = (kv_heads, slots, head_dim)
         return cls(
             [torch.empty(shape, dtype=ATTENTION_DTYPE) for _ in range(layers)],
@@ -360,8 +358,10 @@ class FixedShapeEngine:
         one request at consecutive positions may share a call, as a block's do: every row's keys
         and values are written, layer by layer, before any row attends. With `most_blocks` > 1 the
         rows' blocks of `width` are stacked into calls of 2, 4, ... blocks (`cut_into_stacks`): only
-        where the self-test's batch check proved those stacks equal (see `run_stacked`)."""
-        width, rows, done = self.shape.width, [], 0
+        where the self-test's batch check proved those stacks equal (see `run_stacked`). Rows that
+        fit one call run at the narrowest proven width that holds them, as `run`'s do."""
+        one_call = len(tokens) <= self.shape.width
+        width, rows, done = self.decoding_width(len(tokens)) if one_call else self.shape.width, [], 0
         for blocks in cut_into_stacks(-(-len(tokens) // width), most_blocks):
             chunk = list(tokens[done : done + blocks * width])
             ids = torch.tensor(chunk + [self.pad_id] * (blocks * width - len(chunk)))

@@ -19,7 +19,6 @@ from asyncspec.models.fixed_shape import (
 )
 from asyncspec.models.int8_linear import SideBySide
 from asyncspec.models.scripted_causal import ScriptedCausalStep
-from asyncspec.models.scripted_step import one_request_block
 
 SUPPORTED_TYPES = frozenset({"qwen2", "qwen3", "llama"})
 
@@ -44,26 +43,28 @@ class CausalBlockForward:
             for layer in self.model.layers
         ]
         stacked = [projections.stacked for projections in self.projections]
-        # the one-request decoding call as one TorchScript graph, the same bits (scripted_causal.py)
+        # every decoding call as one TorchScript graph, the same bits (scripted_causal.py)
         self.scripted = ScriptedCausalStep.build(self.model, self.heads, self.scale, stacked)
 
     def new_cache(self, slots: int, context: torch.Tensor | None) -> StaticKV:
         return StaticKV.empty(len(self.model.layers), self.kv_heads, slots, self.head_dim)
 
-    def _rotary_table(self, slots: int, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin [slots, D_h] for every position, computed once (per-position values only)."""
+    def _rotary_table(self, slots: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin [slots, D_h] for every position, computed once (per-position values only), in
+        the dtype of the embeddings."""
         if self._rotary is None or self._rotary[0].shape[0] < slots:
+            like = self.model.embed_tokens.weight
             cos, sin = self.model.rotary_emb(like, torch.arange(slots).unsqueeze(0))
             self._rotary = (cos[0], sin[0])
         return self._rotary
 
     @torch.inference_mode()
     def __call__(self, slots: Sequence[RowSlot], ids: torch.Tensor, prompt: bool = False) -> torch.Tensor:
-        x = self.model.embed_tokens(ids)
-        cos, sin = self._rotary_table(max(slot.cache.slots for slot in slots), x)
+        cos, sin = self._rotary_table(max(slot.cache.slots for slot in slots))
         positions = row_positions(slots, ids.shape[0])
-        if self.scripted is not None and not prompt and one_request_block(slots):
-            return self.scripted(ids, positions, (cos, sin), slots[0].cache, slots[0].position, len(slots))
+        if self.scripted is not None and not prompt:
+            return self.scripted(ids, positions, (cos, sin), slots)
+        x = self.model.embed_tokens(ids)
         rotary = (cos[positions].unsqueeze(0), sin[positions].unsqueeze(0))
         for index, layer in enumerate(self.model.layers):
             x = x + self._attention(layer.self_attn, layer.input_layernorm(x), slots, index, rotary, prompt)

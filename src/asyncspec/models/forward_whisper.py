@@ -23,7 +23,7 @@ from asyncspec.models.fixed_shape import (
 )
 from asyncspec.models.int8_attention import QuantizedKeys, QuantizedValues, quantize_keys, quantize_values
 from asyncspec.models.int8_linear import SideBySide, shared_input
-from asyncspec.models.scripted_step import ScriptedWhisperStep, one_request_block, scriptable_cross
+from asyncspec.models.scripted_step import ScriptedWhisperStep, scriptable_cross
 
 
 class WhisperBlockForward:
@@ -46,7 +46,7 @@ class WhisperBlockForward:
             for layer in self.decoder.layers
         ]
         stacked = [projections.stacked for projections in self.self_projections]
-        # the one-request decoding call as one TorchScript graph, the same bits (scripted_step.py)
+        # the decoding call as one TorchScript graph, the same bits (scripted_step.py)
         self.scripted = ScriptedWhisperStep.build(self.decoder, self.heads, stacked) if integer_attention else None
 
     @torch.inference_mode()
@@ -79,8 +79,8 @@ class WhisperBlockForward:
         if any(slot.cache.cross is not cross for slot in slots):
             raise ValueError("the rows of one call must share one encoder output")
         positions = row_positions(slots, ids.shape[0], self.last_position)  # padding rows may overrun
-        if self.scripted is not None and not prompt and self._one_request_block(slots, ids.shape[0]):
-            return self.scripted(ids, positions, slots[0].cache, slots[0].position, len(slots))
+        if self.scripted is not None and not prompt and self._graph_computes(slots, ids.shape[0]):
+            return self.scripted(ids, positions, slots)
         x = self.decoder.embed_tokens(ids) * self.decoder.embed_scale
         x = x + self.decoder.embed_positions.weight[positions].to(x.dtype)
         for index, layer in enumerate(self.decoder.layers):
@@ -90,13 +90,12 @@ class WhisperBlockForward:
             x = x + layer.fc2(layer.activation_fn(layer.fc1(layer.final_layer_norm(x))))
         return self.decoder.layer_norm(x)
 
-    def _one_request_block(self, slots: Sequence[RowSlot], width: int) -> bool:
-        """Are the rows one request's, at consecutive positions, in one cross-attention block, with
-        no attention record: the calls the scripted graph computes?"""
-        first = slots[0]
-        if first.cache.attention is not None or (self.block_rows is not None and width > self.block_rows):
+    def _graph_computes(self, slots: Sequence[RowSlot], width: int) -> bool:
+        """Does the call fit one cross-attention block, with no attention record (word timestamps)
+        on any of its requests: the decoding calls the scripted graph computes?"""
+        if self.block_rows is not None and width > self.block_rows:
             return False
-        return scriptable_cross(first.cache.cross) and one_request_block(slots)
+        return scriptable_cross(slots[0].cache.cross) and all(slot.cache.attention is None for slot in slots)
 
     def _self_attention(self, layer, h, slots: Sequence[RowSlot], index: int, prompt: bool) -> torch.Tensor:
         attention = layer.self_attn

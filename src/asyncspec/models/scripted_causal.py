@@ -3,7 +3,7 @@ the operators of forward_causal.py and of the transformers modules it calls (RMS
 embedding, SiLU-gated MLP), in the same order on the same tensors, so the same bits, without
 Python between them (why and how: scripted_step.py, its Whisper twin).
 
-Which calls: as for Whisper, the rows of one request at consecutive positions; a model whose
+Which calls: every decoding call (rows of any requests, padding anywhere); a model whose
 heads are normalised (Qwen3's q_norm/k_norm), whose norms or activation are not the ones written
 here, or whose linears are not all FBGEMM's or `torch._int_mm`'s, runs eagerly, and so does every
 prompt block. `tests/test_scripted_step.py` compares the graph with the eager forward bit for bit.
@@ -16,7 +16,16 @@ from typing import Any
 import torch
 
 from asyncspec.models.int8_linear import QMAX, TINY
-from asyncspec.models.scripted_step import Linear, binding, compiled, graph_linears, linear_step, self_attention
+from asyncspec.models.scripted_step import (
+    CallLayout,
+    Linear,
+    binding,
+    compiled,
+    graph_linears,
+    linear_step,
+    self_attention,
+    write_runs,
+)
 
 NORMS = frozenset({"Qwen2RMSNorm", "LlamaRMSNorm"})  # each: x * rsqrt(mean(x^2) + eps), times weight
 ACTIVATIONS = frozenset({"SiLUActivation", "SiLU"})  # each: torch.nn.functional.silu
@@ -38,8 +47,8 @@ def _rotated(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Ten
 def _causal(
     ids: torch.Tensor,
     positions: torch.Tensor,
-    start: int,
-    real: int,
+    rows: list[tuple[int, int, int]],
+    runs: list[tuple[int, int, int, int]],
     embedding: torch.Tensor,
     cos_table: torch.Tensor,
     sin_table: torch.Tensor,
@@ -53,26 +62,28 @@ def _causal(
     tiny: float,
     qmax: float,
 ) -> torch.Tensor:
-    """forward_causal.CausalBlockForward.__call__ for one block of one request: final hidden states."""
-    width = ids.shape[0]
+    """forward_causal.CausalBlockForward.__call__ for a decoding call: final hidden states.
+    keys/values: every layer's cache tensor of each request in the call, layer by layer."""
+    width, layers = ids.shape[0], len(linears) // 5
+    caches = len(keys) // layers
     x = torch.embedding(embedding, ids)
     cos, sin = cos_table[positions].unsqueeze(0).unsqueeze(1), sin_table[positions].unsqueeze(0).unsqueeze(1)
     kv_heads, head_dim = keys[0].shape[0], keys[0].shape[2]
-    for layer in range(len(keys)):
-        n, at = 5 * layer, 2 * layer  # a layer's 5 linears (q|k|v, o, gate, up, down); its 2 norms
+    for layer in range(layers):
+        n, at, base = 5 * layer, 2 * layer, caches * layer  # a layer's 5 linears (q|k|v, o, gate, up, down), 2 norms
         h = _rms_norm(x, norms[at], eps)
         sizes = [heads * head_dim, kv_heads * head_dim, kv_heads * head_dim]
         q, k, v = linear_step(h, linears[n], tiny, qmax).split(sizes, dim=-1)
         queries = _rotated(q.view(1, width, heads, head_dim).transpose(1, 2), cos, sin)
         rotated_keys = _rotated(k.view(1, width, kv_heads, head_dim).transpose(1, 2), cos, sin)
-        keys[layer][:, start : start + real] = rotated_keys[0][:, :real]
-        values[layer][:, start : start + real] = v.view(width, kv_heads, head_dim).transpose(0, 1)[:, :real]
-        attended = self_attention(queries[0], keys[layer], values[layer], start, real, width, scale)
+        write_runs(keys, base, rotated_keys[0], runs)
+        write_runs(values, base, v.view(width, kv_heads, head_dim).transpose(0, 1), runs)
+        attended = self_attention(queries[0], keys, values, base, rows, scale)
         x = x + linear_step(attended, linears[n + 1], tiny, qmax)
         h = _rms_norm(x, norms[at + 1], eps)
         gate = torch.nn.functional.silu(linear_step(h, linears[n + 2], tiny, qmax))
         x = x + linear_step(gate * linear_step(h, linears[n + 3], tiny, qmax), linears[n + 4], tiny, qmax)
-    return _rms_norm(x, norms[2 * len(keys)], eps)
+    return _rms_norm(x, norms[2 * layers], eps)
 
 
 class ScriptedCausalStep:
@@ -107,13 +118,16 @@ class ScriptedCausalStep:
             return None
         return cls(model, heads, scale, linears, bindings, compiled(_causal))
 
-    def __call__(self, ids, positions, rotary: tuple[torch.Tensor, torch.Tensor], cache, start: int, real: int):
-        """Final hidden states [W, D] of ids [W] (the first `real` at start, start + 1, ... of `cache`);
-        rotary: the cos and sin tables [slots, D_h]; writes the real rows' keys and values."""
+    def __call__(self, ids, positions, rotary: tuple[torch.Tensor, torch.Tensor], slots) -> torch.Tensor:
+        """Final hidden states [W, D] of ids [W] at `positions`, the rows of `slots` (fixed_shape.RowSlot:
+        any requests, padding anywhere); rotary: the cos and sin tables [slots, D_h]; writes the real
+        rows' keys and values."""
+        layout = CallLayout.of(slots)
         with torch.jit.optimized_execution(False):
             return self.graph(
-                ids, positions, start, real, self.embedding, rotary[0], rotary[1], self.norms, self.eps,
-                self.linears, self.heads, self.scale, cache.keys, cache.values, TINY, float(QMAX),
+                ids, positions, layout.rows, layout.runs, self.embedding, rotary[0], rotary[1], self.norms,
+                self.eps, self.linears, self.heads, self.scale, layout.tensors("keys"), layout.tensors("values"),
+                TINY, float(QMAX),
             )  # fmt: skip
 
 

@@ -1,4 +1,4 @@
-"""The int8 Whisper decoder's one-request decoding call as one TorchScript graph: the same
+"""The int8 Whisper decoder's decoding call as one TorchScript graph: the same
 operators, in the same order, on the same tensors as the eager forward (forward_whisper.py,
 int8_linear.py, int8_attention.py, fixed_shape.attend_causal), so the same bits, without Python
 between them.
@@ -12,10 +12,11 @@ equal; CTranslate2's step takes 8.7 ms there. The graph runs on TorchScript's pl
 calls the aten kernel eager torch calls, on the same tensors (and it was faster than the
 optimizing executor: 8.7 ms).
 
-Which calls: the rows of one request at consecutive positions, its cache without an attention
-record (word timestamps), no wider than the cross-attention block, with every linear of the
+Which calls: every decoding call no wider than the cross-attention block, its rows of any
+requests over one encoder output (a window's fallback draws decode side by side) with padding
+anywhere, none of them keeping an attention record (word timestamps), with every linear of the
 layers FBGEMM's or `torch._int_mm`'s (oneDNN's packed kernel has no TorchScript binding). Any
-other call (a prompt block, requests side by side, stacked blocks) runs eagerly. `torch.jit` is
+other call (a prompt block, stacked blocks, a recorded call) runs eagerly. `torch.jit` is
 deprecated in favour of `torch.compile`, which generates its own kernels: exactly what this must
 not do. Where scripting fails the eager forward runs, giving the same bits.
 """
@@ -29,6 +30,7 @@ from typing import Any
 import torch
 
 from asyncspec.models import int8_fbgemm
+from asyncspec.models.fixed_shape import consecutive_runs
 from asyncspec.models.int8_attention import QuantizedKeys, QuantizedValues
 from asyncspec.models.int8_fbgemm import FbgemmProducts
 from asyncspec.models.int8_linear import QMAX, TINY, Int8Linear, weight_range
@@ -62,19 +64,32 @@ def linear_step(x: torch.Tensor, linear: Linear, tiny: float, qmax: float) -> to
     return y
 
 
+def write_runs(tensors: list[torch.Tensor], base: int, rows: torch.Tensor, runs: list[tuple[int, int, int, int]]):
+    """fixed_shape.write_rows: each run (first row, rows, cache, start) of rows [H_kv, W, D_h] into
+    tensors[base + cache] at its positions start, start + 1, ... (one slice copy per run)."""
+    for first, count, cache, start in runs:
+        tensors[base + cache][:, start : start + count] = rows[:, first : first + count]
+
+
 def self_attention(
-    queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int, real: int, width: int, scale: float
+    queries: torch.Tensor,
+    keys: list[torch.Tensor],
+    values: list[torch.Tensor],
+    base: int,
+    rows: list[tuple[int, int, int]],
+    scale: float,
 ) -> torch.Tensor:
-    """fixed_shape.attend_causal for one request's rows at start, start + 1, ...: queries [H, W, D_h],
-    keys/values its cache's [H_kv, slots, D_h] (grouped-query heads share theirs)."""
-    heads, head_dim, kv_heads = queries.shape[0], queries.shape[2], keys.shape[0]
+    """fixed_shape.attend_causal: queries [H, W, D_h]; each real row (row, cache, position) attends
+    over keys/values[base + cache] [H_kv, slots, D_h] up to its position (grouped-query heads share
+    theirs); other rows (padding) are zeros."""
+    heads, width, head_dim = queries.shape
     out = torch.zeros(width, heads * head_dim, dtype=torch.float32)
-    for row in range(real):
-        visible = start + row + 1
+    for row, cache, position in rows:
+        visible, kv_heads = position + 1, keys[base + cache].shape[0]
         q = queries[:, row].to(torch.float32, copy=True).view(kv_heads, heads // kv_heads, head_dim)
-        scores = torch.matmul(q, keys[:, :visible].transpose(1, 2))
+        scores = torch.matmul(q, keys[base + cache][:, :visible].transpose(1, 2))
         weights = torch.softmax(scores * scale if scale != 1.0 else scores, dim=-1)
-        out[row] = torch.matmul(weights, values[:, :visible]).reshape(-1)
+        out[row] = torch.matmul(weights, values[base + cache][:, :visible]).reshape(-1)
     return out
 
 
@@ -122,8 +137,8 @@ def _cross_attention(
 def _decoder(
     ids: torch.Tensor,
     positions: torch.Tensor,
-    start: int,
-    real: int,
+    rows: list[tuple[int, int, int]],
+    runs: list[tuple[int, int, int, int]],
     embedding: torch.Tensor,
     embed_scale: float,
     position_table: torch.Tensor,
@@ -139,20 +154,23 @@ def _decoder(
     tiny: float,
     qmax: float,
 ) -> torch.Tensor:
-    """forward_whisper.WhisperBlockForward.__call__ for one block of one request: final hidden states."""
-    width = ids.shape[0]
+    """forward_whisper.WhisperBlockForward.__call__ for one cross-attention block: final hidden states.
+    keys/values: every layer's cache tensor of each request in the call, layer by layer."""
+    width, layers = ids.shape[0], len(linears) // 6
     x = torch.embedding(embedding, ids) * embed_scale
     x = x + position_table[positions]
     size = x.shape[1]
     head_dim = size // heads
-    for layer in range(len(keys)):
-        n = 6 * layer  # a layer's 6 linears (q|k|v, self out, cross q, cross out, fc1, fc2); its 3 norms' 6 tensors
+    caches = len(keys) // layers
+    for layer in range(layers):
+        # a layer's 6 linears (q|k|v, self out, cross q, cross out, fc1, fc2) and its 3 norms' 6 tensors
+        n, kv = 6 * layer, caches * layer  # kv: this layer's first cache tensor
         h = torch.layer_norm(x, [size], norms[n], norms[n + 1], eps)
         q, k, v = linear_step(h, linears[n], tiny, qmax).split([size, size, size], dim=-1)
         queries = (q * scaling).view(width, heads, head_dim).transpose(0, 1)
-        keys[layer][:, start : start + real] = k.view(width, heads, head_dim).transpose(0, 1)[:, :real]
-        values[layer][:, start : start + real] = v.view(width, heads, head_dim).transpose(0, 1)[:, :real]
-        attended = self_attention(queries, keys[layer], values[layer], start, real, width, 1.0)
+        write_runs(keys, kv, k.view(width, heads, head_dim).transpose(0, 1), runs)
+        write_runs(values, kv, v.view(width, heads, head_dim).transpose(0, 1), runs)
+        attended = self_attention(queries, keys, values, kv, rows, 1.0)
         x = x + linear_step(attended, linears[n + 1], tiny, qmax)
         h = torch.layer_norm(x, [size], norms[n + 2], norms[n + 3], eps)
         q = linear_step(h, linears[n + 2], tiny, qmax)
@@ -163,7 +181,7 @@ def _decoder(
         h = torch.layer_norm(x, [size], norms[n + 4], norms[n + 5], eps)
         hidden = torch.nn.functional.gelu(linear_step(h, linears[n + 4], tiny, qmax))
         x = x + linear_step(hidden, linears[n + 5], tiny, qmax)
-    last = 6 * len(keys)  # the final norm's weight and bias
+    last = 6 * layers  # the final norm's weight and bias
     return torch.layer_norm(x, [size], norms[last], norms[last + 1], eps)
 
 
@@ -213,25 +231,51 @@ class ScriptedWhisperStep:
             return None
         return cls(decoder, heads, linears, bindings, compiled(_decoder))
 
-    def __call__(self, ids: torch.Tensor, positions: torch.Tensor, cache: Any, start: int, real: int) -> torch.Tensor:
-        """Final hidden states [W, D] of ids [W] (the first `real` at start, start + 1, ... of `cache`,
-        the rest padding at `positions`); writes the real rows' keys and values into `cache`."""
-        cross = [t for keys, values in cache.cross for t in (keys.codes, keys.scales, values.codes, values.scales)]
+    def __call__(self, ids: torch.Tensor, positions: torch.Tensor, slots: Sequence[Any]) -> torch.Tensor:
+        """Final hidden states [W, D] of ids [W] at `positions`, the rows of `slots` (fixed_shape.RowSlot:
+        any requests over one encoder output, padding anywhere); writes the real rows' keys and values."""
+        layout = CallLayout.of(slots)
+        memory = slots[0].cache.cross  # every request of the call shares it (checked by the caller)
+        cross = [t for keys, values in memory for t in (keys.codes, keys.scales, values.codes, values.scales)]
         with torch.jit.optimized_execution(False):
             return self.graph(
-                ids, positions, start, real, self.embedding, self.embed_scale, self.position_table, self.norms,
-                self.eps, self.linears, self.scaling, self.heads, cache.keys, cache.values, cross, self.base,
-                TINY, float(QMAX),
+                ids, positions, layout.rows, layout.runs, self.embedding, self.embed_scale, self.position_table,
+                self.norms, self.eps, self.linears, self.scaling, self.heads, layout.tensors("keys"),
+                layout.tensors("values"), cross, self.base, TINY, float(QMAX),
             )  # fmt: skip
 
 
-def one_request_block(slots: Sequence[Any]) -> bool:
-    """Are a call's rows all real, of one request, at consecutive positions?"""
-    first = slots[0]
-    return all(
-        slot.real and slot.cache is first.cache and slot.position == first.position + row
-        for row, slot in enumerate(slots)
-    )
+class CallLayout:
+    """A call's rows as the graphs read them: the requests' caches in order of first appearance;
+    (row, cache, position) of every real row; (first row, rows, cache, start) of every run of real
+    rows at consecutive positions of one cache (one slice copy each, as fixed_shape.write_rows)."""
+
+    def __init__(self, caches: list[Any], rows: list[tuple[int, int, int]], runs: list[tuple[int, int, int, int]]):
+        self.caches, self.rows, self.runs = caches, rows, runs
+
+    @classmethod
+    def of(cls, slots: Sequence[Any]) -> CallLayout:
+        caches: list[Any] = []
+        rows = []
+        for row, slot in enumerate(slots):
+            if not slot.real:
+                continue
+            known = next((index for index, cache in enumerate(caches) if cache is slot.cache), None)
+            if known is None:
+                caches.append(slot.cache)
+            rows.append((row, len(caches) - 1 if known is None else known, slot.position))
+        cache_of = {row: cache for row, cache, _ in rows}
+        first_layer = [slot.cache.keys[0] for slot in slots]
+        runs = [
+            (first, count, cache_of[first], slots[first].position)
+            for first, count in consecutive_runs(first_layer, slots)
+        ]
+        return cls(caches, rows, runs)
+
+    def tensors(self, kind: str) -> list[torch.Tensor]:
+        """Every layer's cache tensor of `kind` (keys or values) of each request, layer by layer."""
+        per_cache = [getattr(cache, kind) for cache in self.caches]
+        return [tensors[layer] for layer in range(len(per_cache[0])) for tensors in per_cache]
 
 
 def scriptable_cross(cross: list) -> bool:

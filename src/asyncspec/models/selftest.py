@@ -273,8 +273,9 @@ def probe_prompt(backend) -> list[int]:
 # Whisper's up to 128 rows; 8: the narrow check; 9: narrow widths for int8 alone, a float
 # engine's revision-8 verdict could carry widths its real rows did not keep; 10: FBGEMM's int8
 # linears and fp32 products of the cross-attention's integer codes; 11: int8 Whisper's one-request
-# calls through the TorchScript graph, models/scripted_step.py).
-VERDICT_REVISION = 11
+# calls through the TorchScript graph, models/scripted_step.py; 12: narrow calls at every width
+# below the engine's, not only powers of two).
+VERDICT_REVISION = 12
 
 
 def machine_identity() -> dict:
