@@ -46,6 +46,8 @@ def positional_sample(logits: torch.Tensor, temperature: float, seed: int, posit
     probs = torch.softmax(logits.double() / temperature, dim=-1)
     cdf = torch.cumsum(probs, dim=0)
     index = int(torch.searchsorted(cdf, positional_uniform(seed, position) * float(cdf[-1]), right=True).item())
+    if index < probs.shape[0] and probs[index] > 0:
+        return index  # a likely id, so at most the last one (what the search for it below would give)
     return min(index, int(torch.nonzero(probs).max().item()))  # rounding at the top never picks a masked id
 
 
