@@ -272,6 +272,25 @@ def test_causal_rows_of_several_requests_with_padding_give_the_eager_bits(layout
         assert_side_by_side_same_bits(forward, caches, rows, 8, WrongRequest(forward.scripted))
 
 
+def test_the_clouds_stacked_calls_through_the_causal_graph_give_the_eager_logits():
+    """run_stacked: three requests' blocks side by side in one call, each padded as in its own."""
+    target = tiny_causal("int8", seed=44, init_std=0.2)
+    forward, engine = target.engine.forward, target.engine
+    state, start = causal_prefilled(target)
+    parts = [(state.cache.copy(), start, list(range(20, 20 + n))) for n in (3, 8, 11)]
+
+    def stacked(scripted) -> list[torch.Tensor]:
+        saved, forward.scripted = forward.scripted, scripted
+        try:
+            return engine.run_stacked([(cache.copy(), at, tokens) for cache, at, tokens in parts], 4)
+        finally:
+            forward.scripted = saved
+
+    counter = CallCounter(forward.scripted)
+    graph, eager = stacked(counter), stacked(None)
+    assert counter.calls >= 1 and all(torch.equal(a, b) for a, b in zip(graph, eager, strict=True))
+
+
 def test_causal_target_only_output_is_unchanged_and_uncovered_models_run_eagerly():
     target = tiny_causal("int8", seed=42, init_std=0.2)
     request = DecodeRequest((5, 9, 14, 2), max_new_tokens=24)
