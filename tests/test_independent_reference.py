@@ -27,8 +27,8 @@ def flip_sine_past(forward, position: int) -> None:
     """The deliberately wrong causal engine: rotary sine negated at every position >= `position`."""
     table = type(forward)._rotary_table
 
-    def flipped(self, slots, like):
-        cos, sin = table(self, slots, like)
+    def flipped(self, slots):
+        cos, sin = table(self, slots)
         sin = sin.clone()
         sin[position:] = -sin[position:]
         return cos, sin
