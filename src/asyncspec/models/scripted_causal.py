@@ -70,15 +70,16 @@ def _causal(
     cos, sin = cos_table[positions].unsqueeze(0).unsqueeze(1), sin_table[positions].unsqueeze(0).unsqueeze(1)
     kv_heads, head_dim = keys[0].shape[0], keys[0].shape[2]
     for layer in range(layers):
-        n, at, base = 5 * layer, 2 * layer, caches * layer  # a layer's 5 linears (q|k|v, o, gate, up, down), 2 norms
+        # a layer's 5 linears (q|k|v, o, gate, up, down), its 2 norms, its first cache tensor
+        n, at, kv = 5 * layer, 2 * layer, caches * layer
         h = _rms_norm(x, norms[at], eps)
         sizes = [heads * head_dim, kv_heads * head_dim, kv_heads * head_dim]
         q, k, v = linear_step(h, linears[n], tiny, qmax).split(sizes, dim=-1)
         queries = _rotated(q.view(1, width, heads, head_dim).transpose(1, 2), cos, sin)
         rotated_keys = _rotated(k.view(1, width, kv_heads, head_dim).transpose(1, 2), cos, sin)
-        write_runs(keys, base, rotated_keys[0], runs)
-        write_runs(values, base, v.view(width, kv_heads, head_dim).transpose(0, 1), runs)
-        attended = self_attention(queries[0], keys, values, base, rows, scale)
+        write_runs(keys, kv, rotated_keys[0], runs)
+        write_runs(values, kv, v.view(width, kv_heads, head_dim).transpose(0, 1), runs)
+        attended = self_attention(queries[0], keys, values, kv, rows, scale)
         x = x + linear_step(attended, linears[n + 1], tiny, qmax)
         h = _rms_norm(x, norms[at + 1], eps)
         gate = torch.nn.functional.silu(linear_step(h, linears[n + 2], tiny, qmax))
