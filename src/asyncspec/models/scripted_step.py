@@ -260,10 +260,10 @@ class CallLayout:
         for row, slot in enumerate(slots):
             if not slot.real:
                 continue
-            known = next((index for index, cache in enumerate(caches) if cache is slot.cache), None)
-            if known is None:
+            index = next((index for index, cache in enumerate(caches) if cache is slot.cache), len(caches))
+            if index == len(caches):
                 caches.append(slot.cache)
-            rows.append((row, len(caches) - 1 if known is None else known, slot.position))
+            rows.append((row, index, slot.position))
         cache_of = {row: cache for row, cache, _ in rows}
         first_layer = [slot.cache.keys[0] for slot in slots]
         runs = [
