@@ -16,6 +16,7 @@ from asyncspec.models.int8_attention import (
     integer_weighted_sum,
     quantize_keys,
     quantize_values,
+    weight_digits,
 )
 from asyncspec.models.int8_linear import QMAX, quantize_rows, weight_range
 from asyncspec.models.selftest import check_invariance
@@ -177,6 +178,23 @@ def test_the_weighted_sum_is_the_stated_formula_in_float64():
     expected = exact * scales * channel_scales.double().view(HEADS, 1, HEAD_DIM)
     assert torch.allclose(integer_weighted_sum(weights, quantized).double(), expected, rtol=1e-5, atol=1e-6)
     assert quantized.shape == values_t.shape and quantized.codes.dtype in (torch.int8, torch.float32)
+
+
+def digits_in_range(high: torch.Tensor, low: torch.Tensor, levels: torch.Tensor, base: int) -> bool:
+    """Do the two digits recompose each level, each within [0, base - 1] (the kernels' weight range)?"""
+    digits = torch.cat([high, low])
+    return torch.equal(high * base + low, levels) and 0 <= float(digits.min()) and float(digits.max()) <= base - 1
+
+
+def test_the_digits_recompose_each_level_in_both_kernels_dtypes_and_a_rounded_split_does_not():
+    weights = peaked_weights(rows=8, seed=18)
+    base, rows = weight_range() + 1, weights.shape[1]
+    digits, scales = weight_digits(weights, base, 1e-30, torch.float32)
+    levels = torch.round(weights / scales)  # the same two correctly rounded operations per element
+    assert digits_in_range(digits[:, :rows], digits[:, rows:], levels, base)
+    assert torch.equal(weight_digits(weights, base, 1e-30, torch.int8)[0], digits.to(torch.int8))
+    rounded = torch.round(levels / base)  # the control: a high digit rounded, not floored
+    assert not digits_in_range(rounded, levels - rounded * base, levels, base)  # some low digits < 0
 
 
 def test_the_weighted_sum_stays_close_to_float_and_one_digit_weights_do_worse():

@@ -141,22 +141,37 @@ class QuantizedValues:
 def quantize_values(values_t: torch.Tensor) -> QuantizedValues:
     """values fp32 [H_kv, D_h, T] -> QuantizedValues (each channel over the frames by its own absmax)."""
     heads, head_dim, frames = values_t.shape
-    codes, scales = quantize_rows(values_t.reshape(heads * head_dim, frames), QMAX)
     exact = float_sums_exact(frames, QMAX, weight_range())  # the weights' digits: at most weight_range
     dtype = _codes_dtype(exact, head_dim, frames, 2 * TIMING_ROWS)
-    return QuantizedValues(codes.view(heads, head_dim, frames).to(dtype), scales.view(heads, head_dim, 1))
+    # each channel over the frames, its codes in the kernel's dtype at once: quantized to int8 and
+    # converted after, 0.31-0.42 against 0.21-0.22 ms a layer (Zen 2, two threads)
+    codes, scales = quantize_rows(values_t, QMAX, codes=dtype)
+    return QuantizedValues(codes, scales)
+
+
+def weight_digits(
+    weights: torch.Tensor, base: int, tiny: float, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """weights fp32 [H_kv, R, T] (each row a softmax: >= 0) -> (digits [H_kv, 2R, T] in `dtype`: the
+    rows' high digits, then their low ones; each row's scale fp32 [H_kv, R, 1]). Written straight
+    into the digits' halves: computed apart and copied in, a 128-row prompt block's layer took
+    1.30 against 0.88 ms (Zen 2, two threads). TorchScript compiles it into the decoding graph
+    (scripted_step.py): one rule for both."""
+    heads, rows, frames = weights.shape
+    scales = weights.amax(dim=-1, keepdim=True).clamp_(min=tiny).div_(base * base - 1)
+    levels = torch.div(weights, scales).round_()  # in [0, base^2 - 1], as quantize_rows' bound
+    digits = torch.empty((heads, 2 * rows, frames), dtype=torch.float32)
+    # exact: base is a power of two, the levels integers below 2^14
+    high = torch.mul(levels, 1.0 / base, out=digits[:, :rows]).floor_()
+    torch.sub(levels, high, alpha=base, out=digits[:, rows:])
+    return digits.to(dtype), scales
 
 
 def integer_weighted_sum(weights: torch.Tensor, values: QuantizedValues) -> torch.Tensor:
     """weights fp32 [H_kv, R, T] (each row a softmax: >= 0) -> sum_t w[r, t] v[t] fp32 [H_kv, R, D_h]."""
     heads, rows, _ = weights.shape
     base = weight_range() + 1  # each digit in [0, base - 1]: within the weight range of the B operand
-    scales = weights.amax(dim=-1, keepdim=True).clamp_(min=TINY).div_(base * base - 1)
-    levels = torch.div(weights, scales).round_()  # in [0, base^2 - 1], as quantize_rows' bound
-    high = levels.mul(1.0 / base).floor_()  # exact: base is a power of two, the levels below 2^14
-    digits = torch.empty((heads, 2 * rows, weights.shape[2]), dtype=values.codes.dtype)  # hi rows, then lo rows
-    digits[:, :rows] = high
-    digits[:, rows:] = levels.sub_(high, alpha=base)  # exact: integers below 2^14
+    digits, scales = weight_digits(weights, base, TINY, values.codes.dtype)
     if values.codes.dtype == torch.float32:  # exact: every sum an fp32 integer (quantize_values)
         sums = torch.matmul(values.codes, digits.transpose(1, 2))
     else:

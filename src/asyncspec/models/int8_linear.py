@@ -53,14 +53,15 @@ LAYOUTS_REVISION = 1  # bumped when a kernel's cost changes, so remembered layou
 def quantize_rows(
     x: torch.Tensor, qmax: int = QMAX, codes: torch.dtype = torch.int8
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """x float [M, K] -> (codes [M, K], integers in [-qmax, qmax], fp32 scale [M, 1]); row m depends
-    on x[m] alone. `codes`: int8, or fp32 holding the same integers, for a kernel that reads them
-    as fp32 anyway (FBGEMM's, a float product of codes): the conversion to int8 and back was 2 of
-    the 13 operators of a one-row linear, 12 us of 92 (Zen 2, two threads)."""
+    """x float [..., K] -> (codes [..., K], integers in [-qmax, qmax], fp32 scale [..., 1]); a row
+    (x's last dimension) depends on itself alone. `codes`: int8, or fp32 holding the same integers,
+    for a kernel that reads them as fp32 anyway (FBGEMM's, a float product of codes): the
+    conversion to int8 and back was 2 of the 13 operators of a one-row linear, 12 us of 92 (Zen 2,
+    two threads)."""
     x = x if x.dtype == torch.float32 else x.float()  # each call is ~1 us of a 13 ms decoding step
     # in place on fresh tensors: a 1,500-frame encoder input allocated per step page-faulted its
     # way to 20 ms a call (one core); no clamp: |x / scale| <= qmax (1 + 2^-23) rounds to qmax
-    scale = x.abs().amax(dim=1, keepdim=True).clamp_(min=TINY).div_(qmax)
+    scale = x.abs().amax(dim=-1, keepdim=True).clamp_(min=TINY).div_(qmax)
     levels = torch.div(x, scale).round_()
     return (levels if codes == torch.float32 else levels.to(codes)), scale
 

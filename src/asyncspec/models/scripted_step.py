@@ -31,7 +31,7 @@ import torch
 
 from asyncspec.models import int8_fbgemm
 from asyncspec.models.fixed_shape import consecutive_runs
-from asyncspec.models.int8_attention import QuantizedKeys, QuantizedValues
+from asyncspec.models.int8_attention import QuantizedKeys, QuantizedValues, weight_digits
 from asyncspec.models.int8_fbgemm import FbgemmProducts
 from asyncspec.models.int8_linear import QMAX, TINY, Int8Linear, weight_range
 
@@ -117,12 +117,7 @@ def _cross_attention(
             torch._int_mm(int8_codes[head], key_codes[head], out=sums[head])
     scores = torch.mul(sums, row_scales.view(heads, rows, 1)).mul_(key_scales)
     weights = torch.softmax(scores, dim=-1)
-    scales = weights.amax(dim=-1, keepdim=True).clamp_(min=tiny).div_(base * base - 1)
-    levels = torch.div(weights, scales).round_()
-    high = levels.mul(1.0 / base).floor_()
-    digits = torch.empty((heads, 2 * rows, weights.shape[2]), dtype=value_codes.dtype)
-    digits[:, :rows] = high
-    digits[:, rows:] = levels.sub_(high, alpha=base)
+    digits, scales = weight_digits(weights, base, tiny, value_codes.dtype)
     if value_codes.dtype == torch.float32:
         weighted = torch.matmul(value_codes, digits.transpose(1, 2))
     else:
