@@ -34,7 +34,8 @@ def one_clip(tmp_path):
 
 @pytest.mark.real
 def test_bench_e2e_times_every_system_and_checks_as2d(one_clip, tmp_path, capsys):
-    systems = ["target", "as2d"] + (["faster-whisper-int8-greedy"] if faster_whisper_installed() else [])
+    peers = ["faster-whisper-int8-greedy", "faster-whisper-int8-default", "faster-whisper-int8-batched"]
+    systems = ["target", "as2d", "beam5"] + (peers if faster_whisper_installed() else [])
     systems += ["whisper-cpp"] if whispercpp_installed() else []
     out = tmp_path / "out"
     argv = ["bench", "e2e", "--audio", str(one_clip), "--out", str(out), "--systems", ",".join(systems)]
@@ -64,12 +65,19 @@ def test_bench_e2e_times_every_system_and_checks_as2d(one_clip, tmp_path, capsys
     assert report["exactness"]["passed"] and report["exactness"]["checked"] == 1
     assert report["encoder"]["dtype"] in ("fp32", "bf16", "int8") and report["encoder"]["threads"] >= 1
     pids = {name: row["settings"]["worker_pid"] for name, row in report["systems"].items()}
-    assert pids["target"] == pids["as2d"]  # one target for both methods
-    assert len(set(pids.values())) == len(pids) - 1  # every other system in its own process
+    assert pids["target"] == pids["as2d"] == pids["beam5"]  # one target for every asyncspec system
+    assert len(set(pids.values())) == len(pids) - 2  # every other system in its own process
+    assert report["systems"]["beam5"]["settings"]["longform"]["beam_size"] == 5
+    printed = capsys.readouterr().out
+    assert "as2d / target: warm" in printed
+    if faster_whisper_installed():  # the pipeline with its own defaults (beam 5, VAD), batches of 8
+        batched = report["systems"]["faster-whisper-int8-batched"]["settings"]["transcribe"]
+        assert batched["batch_size"] == 8 and batched["beam_size"] == 5 and batched["vad_filter"] is True
+        assert "beam5 / faster-whisper-int8-default: warm" in printed
     assert report["device"]["cpu_flags"] and len(report["device"]["load_average_before"]) == 3
     assert isinstance(report["device"]["isa_environment"], dict)
     assert (out / "bench_e2e.png").stat().st_size > 10_000
-    assert "cold ×" in capsys.readouterr().out
+    assert "cold ×" in printed
 
 
 def test_bench_e2e_refuses_bad_input_before_loading_models(tmp_path):

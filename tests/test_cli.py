@@ -15,12 +15,13 @@ from asyncspec.cli import EXIT_BAD_INPUT, main
 from asyncspec.data.librivox import librivox_clips
 from asyncspec.profiling.costs import CONCURRENT, IDLE, CostProfile
 from asyncspec.text_metrics import word_errors
+from asyncspec.transcription.method_choice import resolve_auto
 
 REQUIRED_FIELDS = {"file", "window", "method", "text", "token_ids", "n_tokens", "decode_s", "tps", "target_calls"}
 
 
 @pytest.mark.real
-def test_transcribe_runs_as2d_by_default_and_writes_subtitles(tmp_path, capsys):
+def test_transcribe_runs_the_auto_method_by_default_and_writes_subtitles(tmp_path, capsys):
     import srt
     import webvtt
 
@@ -31,8 +32,10 @@ def test_transcribe_runs_as2d_by_default_and_writes_subtitles(tmp_path, capsys):
     assert main(argv) == 0
     records = json.loads((tmp_path / "t.json").read_text())["records"]
     assert len(records) == 5 and all(REQUIRED_FIELDS <= set(r) for r in records)
-    assert {r["method"] for r in records} == {"as2d"}
-    printed = capsys.readouterr().out
+    assert {r["method"] for r in records} == set(resolve_auto(("auto",))[0])  # as2d with 3+ cores, else target
+    captured = capsys.readouterr()
+    assert "method auto: " in captured.err  # the start-up line says what auto chose
+    printed = captured.out
     errors = words = 0
     for clip in clips:
         stem = clip.path.stem
@@ -63,7 +66,8 @@ def test_long_file_seeks_by_timestamps_and_keeps_every_repeat(tmp_path):
     order = [0, 1, 2, 3, 4, 0, 1]  # 35.4 s: the 30 s mark falls inside the second "Dashwood" sentence
     long = np.concatenate([soundfile.read(str(clips[i].path), dtype="float32")[0] for i in order])
     soundfile.write(tmp_path / "long.flac", long, 16000)
-    argv = ["transcribe", str(tmp_path / "long.flac"), "--compare", "--json", str(tmp_path / "t.json")]
+    argv = ["transcribe", str(tmp_path / "long.flac"), "--method", "as2d", "--compare"]
+    argv += ["--json", str(tmp_path / "t.json")]
     assert main([*argv, "--output-dir", str(tmp_path), "--output-format", "json"]) == 0
     report = json.loads((tmp_path / "t.json").read_text())
     windows = [r for r in report["records"] if r["method"] == "as2d"]
@@ -71,6 +75,24 @@ def test_long_file_seeks_by_timestamps_and_keeps_every_repeat(tmp_path):
     assert report["exactness"]["passed"]
     text = json.loads((tmp_path / "long.json").read_text())["text"]
     assert text.count("Dashwood") == 2 and "ill-disposed" in text.replace("ill-sposed", "ill-disposed")
+
+
+@pytest.mark.real
+def test_beam_search_from_the_command_line_is_target_only_for_every_method(tmp_path, capsys):
+    """`--beam-size 5`: As²d says it decodes the beams target-only, `--compare` checks every window
+    equal to target-only's beam search, and the beams differ from greedy decoding somewhere (the
+    flag reaches the decoder)."""
+    joined = np.concatenate([soundfile.read(str(c.path), dtype="float32")[0] for c in librivox_clips()])
+    soundfile.write(tmp_path / "joined.flac", joined, 16000)  # 24.7 s: beam 5 punctuates one sentence otherwise
+    clip = str(tmp_path / "joined.flac")
+    beam, greedy = tmp_path / "beam.json", tmp_path / "greedy.json"
+    assert main(["transcribe", clip, "--method", "as2d", "--beam-size", "5", "--compare", "--json", str(beam)]) == 0
+    assert "a beam search of 5 is decoded target-only" in capsys.readouterr().err
+    report = json.loads(beam.read_text())
+    assert report["exactness"]["passed"]
+    assert main(["transcribe", clip, "--method", "target", "--json", str(greedy)]) == 0
+    beams = [r["token_ids"] for r in report["records"] if r["method"] == "target"]
+    assert beams != [r["token_ids"] for r in json.loads(greedy.read_text())["records"]]
 
 
 @pytest.mark.parametrize(
@@ -83,6 +105,8 @@ def test_long_file_seeks_by_timestamps_and_keeps_every_repeat(tmp_path):
         (["transcribe", "NOTAUDIO", "--model", "no-such-model"], "not a readable audio file"),
         (["generate", "--prompt", "   "], "prompt is empty"),
         (["transcribe", "SILENT_OK", "--method", "sd", "--budget", "0"], "--budget must be at least 1"),
+        (["transcribe", "SILENT_OK", "--beam-size", "0"], "--beam-size must be at least 1"),
+        (["transcribe", "SILENT_OK", "--patience", "0"], "--patience must be above 0"),
         (["replay"], "needs a trajectory file"),
         (["replay", "NOTAUDIO", "--profile", "NOTAUDIO"], "not a trajectory file"),
         (["profile", "--max-width", "0"], "--max-width"),

@@ -91,7 +91,8 @@ def test_options_given_on_the_command_line_are_recorded_as_such(config_file):
 
 def test_the_json_record_says_which_configuration_ran_and_from_where(config_file):
     def record(*argv):
-        return DecodingOptions.from_args(build_parser().parse_args(["transcribe", "a.wav", *argv])).as2d_record()
+        arguments = build_parser().parse_args(["transcribe", "a.wav", "--method", "as2d", *argv])
+        return DecodingOptions.from_args(arguments).as2d_record()
 
     assert record() == {"producer": "ct2-chunk@4s", "chunk_s": 4.0, "budget": 7, "source": BUILT_IN}
     save_deployed(SELECTED)
@@ -113,7 +114,7 @@ def write_notes(tmp_path):
 def test_transcribe_says_on_stderr_which_deployed_configuration_it_uses(config_file, tmp_path, capsys):
     # the configuration is resolved (and announced) before any file is read: a bad file ends the run cheaply
     save_deployed(SELECTED)
-    assert main(["transcribe", write_notes(tmp_path)]) == EXIT_BAD_INPUT
+    assert main(["transcribe", write_notes(tmp_path), "--method", "as2d"]) == EXIT_BAD_INPUT
     note, error = capsys.readouterr().err.strip().splitlines()
     assert note.startswith("asyncspec: As²d uses the deployed configuration") and str(config_file) in note
     assert error.startswith("asyncspec: error:")
@@ -125,7 +126,7 @@ def test_transcribe_says_on_stderr_which_deployed_configuration_it_uses(config_f
 def test_transcribe_says_why_it_ignores_a_foreign_configuration(config_file, tmp_path, capsys):
     save_deployed(SELECTED)
     rewrite(config_file, machine="0" * 16, cpu="Elsewhere CPU 9000")
-    assert main(["transcribe", write_notes(tmp_path)]) == EXIT_BAD_INPUT
+    assert main(["transcribe", write_notes(tmp_path), "--method", "as2d"]) == EXIT_BAD_INPUT
     note = capsys.readouterr().err.splitlines()[0]
     assert note.startswith("asyncspec: note: ignoring the deployed configuration") and "another CPU" in note
 
@@ -194,9 +195,9 @@ def test_the_default_is_what_every_command_runs_without_a_deployed_configuration
     """select-budget's comparison is against what runs when nothing is deployed."""
     default = settings()
     assert DEFAULT_ENTRY == Entry(f"{default.producer}@{default.chunk_s:g}s", DEFAULT_ENTRY.budget)
-    assert DecodingOptions.from_args(build_parser().parse_args(["transcribe", "a.wav"])).as2d_record()["budget"] == (
-        DEFAULT_ENTRY.budget
-    )
+    assert DecodingOptions.from_args(
+        build_parser().parse_args(["transcribe", "a.wav", "--method", "as2d"])
+    ).as2d_record()["budget"] == (DEFAULT_ENTRY.budget)
 
 
 AUTOREGRESSIVE = DeployedConfig("autoregressive", "whisper-tiny.en", 7, 136.1, default_pooled_tps=86.6)
@@ -211,10 +212,12 @@ def test_long_form_transcription_ignores_a_deployed_producer_that_cannot_draft_i
     note = longform.note()
     assert note is not None and "ignoring" in note and "autoregressive" in note and "--producers ct2-chunk" in note
     missing = str(tmp_path / "missing.wav")
-    assert main(["transcribe", missing]) == EXIT_BAD_INPUT  # the missing file, not the producer
+    assert main(["transcribe", missing, "--method", "as2d"]) == EXIT_BAD_INPUT  # the missing file, not the producer
     err = capsys.readouterr().err
     assert "missing.wav: no such file" in err and "error: long-form" not in err
-    assert main(["transcribe", missing, "--producer", "autoregressive"]) == EXIT_BAD_INPUT  # asked for: refused
+    assert (
+        main(["transcribe", missing, "--method", "as2d", "--producer", "autoregressive"]) == EXIT_BAD_INPUT
+    )  # asked for: refused
     assert "drafts with the ct2-chunk producer" in capsys.readouterr().err
     # controls: a command that drafts with either kind uses it, with its budget; and a deployed
     # chunked producer is what long-form transcription uses

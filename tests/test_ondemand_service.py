@@ -71,6 +71,30 @@ def test_upload_formats(target):
     assert english_only.status_code == 400 and "English-only" in english_only.json()["error"]["message"]
 
 
+def test_an_upload_beam_search_is_the_library_beam_search_and_its_fields_are_bounded(target):
+    """beam_size, patience and length_penalty (faster-whisper's, an extension of OpenAI's form):
+    the tokens equal the library's own transcription with the same options; out-of-range or
+    non-numeric values are a 400 naming the field, and the service answers the next request."""
+    from asyncspec.transcription.api import Transcriber
+
+    engine = make_engine(target)
+    client = TestClient(create_app(engine))
+    files = {"file": ("a.wav", _wav(), "audio/wav")}
+    fields = {"response_format": "verbose_json", "beam_size": "4", "patience": "1.5", "length_penalty": "0.5"}
+    body = client.post("/v1/audio/transcriptions", files=files, data=fields).json()
+    library = Transcriber.from_loaded(target, {}, "tiny")
+    samples, _ = soundfile.read(io.BytesIO(_wav()), dtype="float32")  # what the service decodes
+    segments, _ = library.transcribe(samples, engine.upload_options, beam_size=4, patience=1.5, length_penalty=0.5)
+    assert [s["tokens"] for s in body["segments"]] == [list(s.tokens) for s in segments]
+    greedy = client.post("/v1/audio/transcriptions", files=files, data={"response_format": "verbose_json"}).json()
+    assert [s["tokens"] for s in greedy["segments"]] != [s["tokens"] for s in body["segments"]]  # the fields count
+    for field, value in (("beam_size", "17"), ("beam_size", "0"), ("beam_size", "2.5"), ("patience", "0"),
+                         ("patience", "nan"), ("length_penalty", "-1"), ("length_penalty", "inf")):  # fmt: skip
+        bad = client.post("/v1/audio/transcriptions", files=files, data={field: value})
+        assert bad.status_code == 400 and field in bad.json()["error"]["message"], (field, value)
+    assert client.post("/v1/audio/transcriptions", files=files).status_code == 200
+
+
 def test_non_audio_upload_is_a_400(target):
     client = TestClient(create_app(make_engine(target)))
     files = {"file": ("notes.txt", b"this is not audio at all", "text/plain")}

@@ -18,6 +18,7 @@ from asyncspec.audio import SAMPLE_RATE
 from asyncspec.benchmarks.e2e_files import FILE_SETS, BenchFile, bench_files
 from asyncspec.benchmarks.e2e_report import cpu_flags, isa_environment, plot, ratio_table
 from asyncspec.benchmarks.e2e_systems import (
+    ASYNCSPEC_VARIANTS,
     FASTER_WHISPER_HINT,
     faster_whisper_installed,
 )
@@ -28,19 +29,27 @@ from asyncspec.models.threads import available_cores
 from asyncspec.text_metrics import word_errors, word_recall
 
 HELP = "audio file to text: asyncspec target-only and As²d vs faster-whisper int8/float32 and whisper.cpp, same weights"
-ASYNCSPEC_SYSTEMS = ("target", "as2d")
+ASYNCSPEC_SYSTEMS = tuple(ASYNCSPEC_VARIANTS)
 # name -> (compute type, preset of e2e_systems.FASTER_WHISPER_PRESETS). The unsuffixed names are the
 # stripped settings the short-file figures were measured with; -greedy is faster-whisper's long-form
 # algorithm greedy (timestamps, conditioning, fallback), -default its transcribe defaults (beam 5).
 FASTER_WHISPER = {
     f"faster-whisper-{compute}{suffix}": (compute, preset)
     for compute in ("int8", "float32")
-    for suffix, preset in (("", "stripped"), ("-greedy", "greedy"), ("-default", "default"))
+    for suffix, preset in (("", "stripped"), ("-greedy", "greedy"), ("-default", "default"), ("-batched", "batched"))
 }
 # whisper.cpp runs as its CLI does (beam 5, its own long-form segments): see e2e_whispercpp.
 WHISPER_CPP = "whisper-cpp"
 SYSTEMS = ASYNCSPEC_SYSTEMS + tuple(FASTER_WHISPER) + (WHISPER_CPP,)
-DEFAULT_SYSTEMS = ("target", "as2d", "faster-whisper-int8-greedy", "faster-whisper-int8-default", WHISPER_CPP)
+DEFAULT_SYSTEMS = (
+    "target",
+    "as2d",
+    "beam5",
+    "faster-whisper-int8-greedy",
+    "faster-whisper-int8-default",
+    "faster-whisper-int8-batched",
+    WHISPER_CPP,
+)
 
 
 def add_arguments(parser) -> None:
@@ -193,13 +202,13 @@ def load_systems(args, names: list[str], stack: ExitStack) -> dict:
     workers: list[tuple[SystemWorker, list[str]]] = []
     asyncspec = [name for name in names if name in ASYNCSPEC_SYSTEMS]
     if asyncspec:
-        methods = ("as2d", "target") if "as2d" in asyncspec else ("target",)
+        hosted = list(dict.fromkeys(["target", *asyncspec]))  # target-only: the reference As²d must equal
         options = {"dtype": args.dtype, "encoder": args.encoder, "producer_model": args.producer_model}
         options |= {"chunk_s": args.chunk_s, "budget": args.budget, "solo_threads": solo_threads(args.threads)}
-        worker = SystemWorker("asyncspec", {"model": args.model, "methods": methods, "options": options})
+        worker = SystemWorker("asyncspec", {"model": args.model, "systems": hosted, "options": options})
         stack.callback(worker.close)
         print(f"asyncspec target: {worker.ready.extras['describe']}", flush=True)
-        workers.append((worker, list(methods)))
+        workers.append((worker, hosted))
     for name in names:
         if name in FASTER_WHISPER:
             compute_type, preset = FASTER_WHISPER[name]

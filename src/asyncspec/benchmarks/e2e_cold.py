@@ -22,18 +22,26 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from asyncspec.benchmarks.e2e_systems import FASTER_WHISPER_PRESETS, PRESET_NAMES, Segment, ct2_directory
+from asyncspec.benchmarks.e2e_systems import (
+    ASYNCSPEC_VARIANTS,
+    BATCHED_PRESETS,
+    FASTER_WHISPER_PRESETS,
+    PRESET_NAMES,
+    Segment,
+    ct2_directory,
+)
 
-# The faster-whisper entry: argv[1] is a JSON spec (model_dir, compute_type, threads, transcribe,
-# files, output); it writes [{"file", "text", "segments": [[start, end, text], ...]}] to output.
+# The faster-whisper entry: argv[1] is a JSON spec (model_dir, compute_type, threads, batched,
+# transcribe, files, output); it writes [{"file", "text", "segments": [[start, end, text], ...]}] to output.
 FASTER_WHISPER_ENTRY = """
 import json, sys
-from faster_whisper import WhisperModel
+from faster_whisper import BatchedInferencePipeline, WhisperModel
 spec = json.loads(sys.argv[1])
 model = WhisperModel(spec["model_dir"], device="cpu", compute_type=spec["compute_type"], cpu_threads=spec["threads"])
+pipeline = BatchedInferencePipeline(model) if spec["batched"] else model
 results = []
 for path in spec["files"]:
-    segments, _ = model.transcribe(path, **spec["transcribe"])
+    segments, _ = pipeline.transcribe(path, **spec["transcribe"])
     found = [[s.start, s.end, s.text.strip()] for s in segments]
     results.append({"file": path, "text": " ".join(t for _, _, t in found).strip(), "segments": found})
 with open(spec["output"], "w") as out:
@@ -115,7 +123,8 @@ def cold_faster_whisper(
     with tempfile.TemporaryDirectory(prefix="asyncspec-cold-") as scratch:
         work = Path(scratch)
         spec = {"model_dir": str(ct2_directory(model)), "compute_type": compute_type, "threads": threads}
-        spec |= {"transcribe": FASTER_WHISPER_PRESETS[preset], "files": [str(f) for f in files]}
+        spec |= {"transcribe": FASTER_WHISPER_PRESETS[preset], "batched": preset in BATCHED_PRESETS}
+        spec["files"] = [str(f) for f in files]
         spec["output"] = str(work / "results.json")
         command = [sys.executable, "-c", FASTER_WHISPER_ENTRY, json.dumps(spec)]
         name = f"faster-whisper-{compute_type}-{preset}"
@@ -132,13 +141,14 @@ def cold_asyncspec(
     method: str = "as2d",
     command: Sequence[str] = ASYNCSPEC_COMMAND,
     timeout_s: float | None = None,
+    name: str | None = None,
 ) -> ColdRun:
     """asyncspec's own command line in a fresh process; `command` may name other options."""
     files = [Path(f) for f in files]
     with tempfile.TemporaryDirectory(prefix="asyncspec-cold-") as scratch:
         work = Path(scratch)
         argv = expand_command(command, files, work, method)
-        return timed_process(f"asyncspec-{method}", argv, files, work, read_output_dir, timeout_s)
+        return timed_process(f"asyncspec-{name or method}", argv, files, work, read_output_dir, timeout_s)
 
 
 def expand_command(command: Sequence[str], files: list[Path], output_dir: Path, method: str) -> list[str]:
@@ -188,11 +198,12 @@ def cold_walls(
     run's model, dtype, encoder); faster-whisper and whisper.cpp their own entries
     (e2e.FASTER_WHISPER names encode compute type and preset)."""
     runs: dict[str, dict] = {}
-    command = (*ASYNCSPEC_COMMAND[:-1], *asyncspec_options, ASYNCSPEC_COMMAND[-1])
     for name in names:
         print(f"cold: {name} over {len(files)} files in a fresh process", file=sys.stderr, flush=True)
-        if name in ("target", "as2d"):
-            runs[name] = cold_asyncspec(files, name, command).record()
+        if name in ASYNCSPEC_VARIANTS:
+            method, _, flags = ASYNCSPEC_VARIANTS[name]
+            command = (*ASYNCSPEC_COMMAND[:-1], *asyncspec_options, *flags, ASYNCSPEC_COMMAND[-1])
+            runs[name] = cold_asyncspec(files, method, command, name=name).record()
         elif name.startswith("faster-whisper-"):
             compute, _, preset = name.removeprefix("faster-whisper-").partition("-")
             runs[name] = cold_faster_whisper(files, model, compute, preset or "stripped", threads).record()
@@ -204,7 +215,7 @@ def cold_walls(
 # asyncspec's methods seed every fallback sample: a file's text is a function of the file and the
 # configuration, so a fresh process must write the warm run's text. faster-whisper's samples are
 # not seeded, and whisper.cpp's cold run is its own CLI's, so theirs may differ.
-SEEDED_SYSTEMS = ("target", "as2d")
+SEEDED_SYSTEMS = tuple(ASYNCSPEC_VARIANTS)
 
 
 def warm_cold_differences(systems: dict) -> list[str]:

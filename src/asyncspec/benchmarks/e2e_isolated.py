@@ -167,13 +167,13 @@ def _message(error: Exception) -> str:
     return f"{type(error).__name__}: {error}\n{traceback.format_exc(limit=6)}"
 
 
-def _asyncspec_loader(model: str, methods: tuple[str, ...], options: dict):
+def _asyncspec_loader(model: str, systems: list[str], options: dict):
     import time
     from dataclasses import asdict
 
     import torch
 
-    from asyncspec.benchmarks.e2e_systems import AsyncspecSystem
+    from asyncspec.benchmarks.e2e_systems import ASYNCSPEC_VARIANTS, AsyncspecSystem
     from asyncspec.transcription.api import Transcriber
 
     # The Transcriber sets the decoder's threads per window (every core but the producer's while it
@@ -181,6 +181,8 @@ def _asyncspec_loader(model: str, methods: tuple[str, ...], options: dict):
     # placement's. The process's own count is the CLI's (one), for what runs outside a window.
     torch.set_num_threads(1)
     started = time.perf_counter()
+    methods = tuple(dict.fromkeys(ASYNCSPEC_VARIANTS[name][0] for name in systems))
+    methods = tuple(sorted(methods, key=lambda method: method != "as2d"))  # As²d's producer, if any, loads first
     transcriber = Transcriber(model, methods, **options)
     if transcriber.producer is not None:
         transcriber.producer.ready()
@@ -190,7 +192,7 @@ def _asyncspec_loader(model: str, methods: tuple[str, ...], options: dict):
         "encoder": asdict(target.encoder_placement),
         "describe": f"{target.describe()}; {transcriber.describe_threads()}",
     }
-    return {method: AsyncspecSystem(method, transcriber, load_s) for method in methods}, extras, transcriber.close
+    return {name: AsyncspecSystem(name, transcriber, load_s) for name in systems}, extras, transcriber.close
 
 
 def _faster_whisper_loader(name: str, model: str, compute_type: str, threads: int, preset: str):

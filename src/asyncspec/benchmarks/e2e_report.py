@@ -6,6 +6,14 @@ import os
 from pathlib import Path
 
 REFERENCES = ("faster-whisper-int8-greedy", "faster-whisper-int8")  # the first present is the yardstick
+# Like against like, as each system's users run it: (asyncspec's, its peer's); printed where both ran.
+PAIRS = (
+    ("as2d", "target"),
+    ("as2d", "faster-whisper-int8-greedy"),
+    ("beam5", "faster-whisper-int8-default"),
+    ("beam5", "faster-whisper-int8-batched"),
+    ("as2d", "faster-whisper-int8-batched"),
+)
 # The flags that decide which encoder and GEMM paths are fast (bf16/int8 matrix units, vector widths).
 ISA_PREFIXES = ("avx", "amx", "fma", "f16c", "sse4", "vnni")
 
@@ -43,8 +51,29 @@ def ratio_table(report: dict) -> str:
     for system, row in systems.items():
         lines.append(_row(system, row, reference))
     lines.append(f"× : against {name}" if name else "× : no faster-whisper int8 system ran")
+    lines += pair_lines(systems)
     lines += _device_lines(report)
     return "\n".join(lines)
+
+
+def pair_lines(systems: dict) -> list[str]:
+    """Each pair of PAIRS that ran: warm and cold time as a multiple of the peer's, and WER apart."""
+    lines = []
+    for ours, theirs in PAIRS:
+        if ours not in systems or theirs not in systems:
+            continue
+        mine, peer = systems[ours], systems[theirs]
+        warm = mine["total_s"] / peer["total_s"] if peer["total_s"] else None
+        cold = cold_wall(mine), cold_wall(peer)
+        cold_ratio = cold[0] / cold[1] if cold[0] and cold[1] else None
+        wer = (mine["wer"] - peer["wer"]) * 100 if mine["wer"] is not None and peer["wer"] is not None else None
+        figures = [
+            f"warm {warm:.3f}x" if warm is not None else "warm -",
+            f"cold {cold_ratio:.3f}x" if cold_ratio is not None else "cold -",
+            f"WER {wer:+.2f} points" if wer is not None else "WER -",
+        ]
+        lines.append(f"{ours} / {theirs}: " + ", ".join(figures))
+    return lines
 
 
 def _row(name: str, row: dict, reference: dict) -> str:

@@ -54,8 +54,20 @@ FASTER_WHISPER_PRESETS: dict[str, dict] = {
         "no_speech_threshold": None,
     },
 }
+# BatchedInferencePipeline as its users run it: its own defaults (beam 5, Silero VAD cutting the
+# recording into chunks of up to 30 s at pauses, no timestamps), batch_size 8 as its README shows.
+FASTER_WHISPER_PRESETS["batched"] = {"language": "en", "batch_size": 8}
+BATCHED_PRESETS = frozenset({"batched"})  # run through BatchedInferencePipeline, not WhisperModel.transcribe
 # The issue's names: faster-whisper's long-form settings greedy, and its defaults.
 PRESET_NAMES = {"longform-greedy": "greedy", "defaults": "default"}
+# asyncspec's systems: name -> (decoding method, long-form options over the library's defaults, the
+# same as `asyncspec transcribe` flags). beam5 is faster-whisper's default search (every method
+# decodes a beam search target-only).
+ASYNCSPEC_VARIANTS: dict[str, tuple[str, dict[str, Any], tuple[str, ...]]] = {
+    "target": ("target", {}, ()),
+    "as2d": ("as2d", {}, ()),
+    "beam5": ("target", {"beam_size": 5}, ("--beam-size", "5")),
+}
 
 
 def faster_whisper_installed() -> bool:
@@ -104,8 +116,9 @@ class AsyncspecSystem(StreamingSystem):
     transcribe` takes: Whisper's long-form algorithm over the whole file. The transcriber (target,
     producer) is shared by target-only and As²d and closed by the benchmark."""
 
-    def __init__(self, method: str, transcriber, load_s: float):
-        self.method, self.transcriber, self.load_s = method, transcriber, load_s
+    def __init__(self, name: str, transcriber, load_s: float):
+        self.method, self.options, _ = ASYNCSPEC_VARIANTS[name]
+        self.transcriber, self.load_s = transcriber, load_s
 
     def settings(self) -> dict:
         from dataclasses import asdict
@@ -115,7 +128,7 @@ class AsyncspecSystem(StreamingSystem):
 
         target = self.transcriber.target
         settings: dict[str, Any] = {"method": self.method, "dtype": target.precision}
-        settings["longform"] = asdict(LongformOptions(language="en"))
+        settings["longform"] = asdict(LongformOptions(language="en", **self.options))
         if self.method == "as2d":
             producer = self.transcriber.producer.spec
             budget = self.transcriber.budget or self.transcriber.as2d_budget or DEFAULT_BUDGET
@@ -123,7 +136,8 @@ class AsyncspecSystem(StreamingSystem):
         return settings
 
     def transcribe(self, path: Path) -> Transcript:
-        segments, info = self.transcriber.transcribe(path, method=self.method, language="en")  # as every system
+        # language="en": as every system
+        segments, info = self.transcriber.transcribe(path, method=self.method, language="en", **self.options)
         spans = [Segment(s.start, s.end, s.text.strip()) for s in segments]
         text = " ".join(span.text for span in spans).strip()
         return Transcript(text, segments=spans, info=info, prefill_s=info.stats.prefill_s, decode_s=info.stats.decode_s)
@@ -160,7 +174,10 @@ class FasterWhisperSystem(StreamingSystem):
         return ran | {"transcribe": faster_whisper_settings(self.preset)} | versions
 
     def transcribe(self, path: Path) -> Transcript:
-        segments, _ = self.model.transcribe(str(path), **FASTER_WHISPER_PRESETS[self.preset])
+        from faster_whisper import BatchedInferencePipeline
+
+        pipeline = BatchedInferencePipeline(self.model) if self.preset in BATCHED_PRESETS else self.model
+        segments, _ = pipeline.transcribe(str(path), **FASTER_WHISPER_PRESETS[self.preset])
         found = [Segment(round(s.start, 3), round(s.end, 3), s.text.strip()) for s in segments]
         return Transcript(" ".join(s.text for s in found).strip(), segments=found)
 
@@ -173,14 +190,16 @@ def faster_whisper_settings(preset: str) -> dict:
     this installed version declares them (so a record shows the thresholds that applied)."""
     import inspect
 
-    from faster_whisper import WhisperModel
+    from faster_whisper import BatchedInferencePipeline, WhisperModel
 
+    preset = PRESET_NAMES.get(preset, preset)
+    entry = BatchedInferencePipeline.transcribe if preset in BATCHED_PRESETS else WhisperModel.transcribe
     defaults = {
         name: parameter.default
-        for name, parameter in inspect.signature(WhisperModel.transcribe).parameters.items()
+        for name, parameter in inspect.signature(entry).parameters.items()
         if parameter.default is not inspect.Parameter.empty and _plain(parameter.default)
     }
-    return defaults | FASTER_WHISPER_PRESETS[PRESET_NAMES.get(preset, preset)]
+    return defaults | FASTER_WHISPER_PRESETS[preset]
 
 
 def _plain(value) -> bool:

@@ -38,7 +38,8 @@ def add_transcribe(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--output-format", default="all", help="with --output-dir: txt, srt, vtt, tsv, json or all")
     add_decoding_options(parser, "whisper-base", "whisper-tiny.en")
     # a file in, text out: once it is flushed the process may skip the interpreter's teardown (cli.entry)
-    parser.set_defaults(method="as2d", dtype="auto", threads=None, exit_without_teardown=True)
+    # auto: As²d where the machine leaves its producer a core of its own, else target-only (said at start)
+    parser.set_defaults(method="auto", dtype="auto", threads=None, exit_without_teardown=True)
     parser.add_argument(
         "--solo-threads",
         type=int,
@@ -60,6 +61,23 @@ def add_longform_options(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--best-of", type=int, default=5, help="samples per fallback temperature (the likeliest is kept)"
+    )
+    parser.add_argument(
+        "--beam-size",
+        type=int,
+        default=1,
+        help="temperature 0 as a beam search of this many hypotheses, CTranslate2's rule (faster-whisper's "
+        "default is 5; 1, asyncspec's default, is greedy, the decoding As²d speeds up; with more, every "
+        "method decodes target-only, the beams side by side in one call per step)",
+    )
+    parser.add_argument(
+        "--patience", type=float, default=1.0, help="beam search: stop once beam size x patience hypotheses ended"
+    )
+    parser.add_argument(
+        "--length-penalty",
+        type=float,
+        default=1.0,
+        help="beam search: a hypothesis scores its log-probability over length ** this (0: no normalisation)",
     )
     parser.add_argument("--compression-ratio-threshold", type=float, default=2.4, help="fall back above this")
     parser.add_argument("--logprob-threshold", type=float, default=-1.0, help="fall back below this average log p")

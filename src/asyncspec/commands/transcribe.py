@@ -43,7 +43,8 @@ def run(args) -> int:
         threads=args.threads,
         solo_threads=args.solo_threads,
     ) as transcriber:
-        print(f"{transcriber.target.describe()}; {transcriber.describe_threads()}", file=sys.stderr)
+        chosen = f"; {options.method_note}" if options.method_note else ""
+        print(f"{transcriber.target.describe()}; {transcriber.describe_threads()}{chosen}", file=sys.stderr)
         exactness = equality_check(transcriber.target, config, options.compare)
         records: list[dict] = []
         decoded: list = []
@@ -98,6 +99,10 @@ def longform_options(args) -> LongformOptions:
         )
     if args.best_of < 1:
         raise InputError(f"--best-of must be at least 1, got {args.best_of}")
+    if args.beam_size < 1:
+        raise InputError(f"--beam-size must be at least 1, got {args.beam_size}")
+    if args.patience <= 0:
+        raise InputError(f"--patience must be above 0, got {args.patience}")
     return LongformOptions(
         language=None if args.language == "auto" else args.language,
         task=args.task,
@@ -107,6 +112,9 @@ def longform_options(args) -> LongformOptions:
         word_timestamps=args.word_timestamps or args.highlight_words,
         temperatures=temperatures,
         best_of=args.best_of,
+        beam_size=args.beam_size,
+        patience=args.patience,
+        length_penalty=args.length_penalty,
         compression_ratio_threshold=args.compression_ratio_threshold,
         log_prob_threshold=args.logprob_threshold,
         no_speech_threshold=args.no_speech_threshold,

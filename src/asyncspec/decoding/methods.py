@@ -23,9 +23,11 @@ METHODS: dict[str, DecodeFn] = {
 }
 
 
-def parse_methods(text: str) -> list[str]:
+def parse_methods(text: str, also: tuple[str, ...] = ()) -> list[str]:
+    """The method names of a comma list; `also`: names the caller resolves itself (auto)."""
     names = [name.strip() for name in text.split(",") if name.strip()]
-    unknown = [name for name in names if name not in METHODS]
+    known = [*also, *METHODS]
+    unknown = [name for name in names if name not in known]
     if unknown or not names:
-        raise InputError(f"unknown method {', '.join(unknown) or repr(text)}; choose from {', '.join(METHODS)}")
+        raise InputError(f"unknown method {', '.join(unknown) or repr(text)}; choose from {', '.join(known)}")
     return names

@@ -24,6 +24,11 @@ class DecodeConfig:
     positional_sampling: bool = False
     # OpenAI's penalties and top_p (shaping.py); target-only applies them (the edge's reference)
     shaping: Shaping = NEUTRAL
+    # greedy (temperature 0) as a beam search of this many hypotheses (decoding/beam_search.py),
+    # with faster-whisper's patience and length penalty
+    beam_size: int = 1
+    patience: float = 1.0
+    length_penalty: float = 1.0
 
     def budget_for(self, method: str, default: int) -> int:
         """The method's proposals per round: --budget, else its configured one, else its default."""

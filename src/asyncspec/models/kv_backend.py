@@ -269,6 +269,24 @@ class KVBackend:
             sink.states.append(copy)
         return copy
 
+    @torch.inference_mode()
+    def copy_state_into(self, source: DecoderState, destination: DecoderState) -> None:
+        """Make `destination`, a state of the same request that is no longer needed, an independent
+        copy of `source` in its own memory: only the rows `source` holds are copied (the slots past
+        a state's length are rewritten before use), so a beam search's step allocates nothing."""
+        held, kept = source.cache, destination.cache
+        if not isinstance(held, StaticKV) or not isinstance(kept, StaticKV) or held.cross is not kept.cross:
+            raise TypeError("copy_state_into needs two fixed-shape states of one request")
+        n = source.length
+        for mine, theirs in zip([*kept.keys, *kept.values], [*held.keys, *held.values], strict=True):
+            mine[:, :n].copy_(theirs[:, :n])
+        if held.attention is not None and kept.attention is not None:
+            kept.attention.weights[:n].copy_(held.attention.weights[:n])
+        destination.tokens[:] = source.tokens
+        destination.prompt_len = source.prompt_len
+        destination.next_logits = None if source.next_logits is None else source.next_logits.clone()
+        destination.extras = dict(source.extras)
+
     def greedy(self, logits: torch.Tensor) -> list[int]:
         """argmax per row of float32 logits [..., V]; the first index wins an exact tie."""
         return logits.argmax(dim=-1).reshape(-1).tolist()

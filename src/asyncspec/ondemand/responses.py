@@ -46,7 +46,8 @@ def longform_options(
     (absent: the default, None = detected), prompt (the initial prompt), temperature (0 or absent:
     the default fallback from 0 up; above 0: that temperature alone), vad_filter (true: only the
     speech Silero VAD finds, as speaches' field), timestamp_granularities (word: word timestamps,
-    with verbose_json only, as OpenAI's API)."""
+    with verbose_json only, as OpenAI's API), beam_size, patience and length_penalty (faster-whisper's,
+    as an extension)."""
     words = "word" in timestamp_granularities(fields.get("timestamp_granularities"), fmt)
     defaults = replace(defaults, word_timestamps=True) if words else defaults
     prompt = fields.get("prompt") or None
@@ -56,7 +57,7 @@ def longform_options(
     vad = fields.get("vad_filter", "").lower()
     if vad not in ("", "true", "false"):
         raise InputError(f"vad_filter must be true or false, got {vad[:20]!r}")
-    options = replace(defaults, language=language, task=task, initial_prompt=prompt)
+    options = replace(beam_fields(fields, defaults), language=language, task=task, initial_prompt=prompt)
     if vad:
         options = replace(options, vad_filter=vad == "true")
     temperature = fields.get("temperature")
@@ -72,6 +73,37 @@ def longform_options(
     if problem:
         raise InputError(problem)
     return replace(options, temperatures=(value,))
+
+
+MAX_BEAM_SIZE = 16  # two engine calls' rows a step: a wider beam is a way to buy the service's time
+
+
+def beam_fields(fields: dict[str, str], defaults: LongformOptions) -> LongformOptions:
+    """`defaults` with the beam search's form fields that are present, validated: beam_size
+    1..MAX_BEAM_SIZE, patience in (0, 4], length_penalty in [0, 4]."""
+    beam_size = _number(fields, "beam_size", int, defaults.beam_size)
+    patience = _number(fields, "patience", float, defaults.patience)
+    length_penalty = _number(fields, "length_penalty", float, defaults.length_penalty)
+    if not 1 <= beam_size <= MAX_BEAM_SIZE:
+        raise InputError(f"beam_size must be 1 to {MAX_BEAM_SIZE}, got {beam_size}")
+    if not 0 < patience <= 4:
+        raise InputError(f"patience must be above 0 and at most 4, got {patience}")
+    if not 0 <= length_penalty <= 4:
+        raise InputError(f"length_penalty must be 0 to 4, got {length_penalty}")
+    return replace(defaults, beam_size=beam_size, patience=patience, length_penalty=length_penalty)
+
+
+def _number(fields: dict[str, str], name: str, kind, default):
+    value = fields.get(name)
+    if value in (None, ""):
+        return default
+    try:
+        number = kind(value)
+    except ValueError:
+        raise InputError(f"{name} must be a number, got {value[:40]!r}") from None
+    if number != number or number in (float("inf"), float("-inf")):
+        raise InputError(f"{name} must be a finite number, got {value[:40]!r}")
+    return number
 
 
 def timestamp_granularities(value: str | None, fmt: str) -> set[str]:

@@ -32,7 +32,9 @@ def add_dtype_option(parser: argparse.ArgumentParser) -> None:
 def add_decoding_options(parser: argparse.ArgumentParser, default_model: str | None, default_drafter: str | None):
     """The options every decoding command takes; `DecodingOptions.from_args` reads them back."""
     parser.add_argument("--model", default=default_model, help="registered name, local directory or HF id")
-    parser.add_argument("--method", default="target", help="comma list of: as2d, target, sd, specasr")
+    parser.add_argument(
+        "--method", default="target", help="comma list of: auto, as2d, target, sd, specasr (default: %(default)s)"
+    )
     parser.add_argument("--drafter", default=default_drafter, help="drafter model for sd/specasr")
     parser.add_argument("--budget", type=int, default=None, help="proposals per round (sd: 7, specasr cap: 24)")
     parser.add_argument("--compare", action="store_true", help="also run target-only, check equality, print a table")
@@ -78,6 +80,7 @@ class DecodingOptions:
     compare: bool = False
     trace: str | None = None
     as2d: As2dSettings | None = None  # As²d's settings and where they came from
+    method_note: str | None = None  # what --method auto chose and why (the command's start-up line says it)
 
     @classmethod
     def from_args(cls, args, required_producer: str | None = None) -> DecodingOptions:
@@ -85,8 +88,9 @@ class DecodingOptions:
         configuration; when As²d runs, a line on stderr says which one, or why one was ignored).
         `required_producer`: the one producer kind the command drafts with (deployed_as2d)."""
         from asyncspec.decoding.methods import parse_methods
+        from asyncspec.transcription.method_choice import AUTO, resolve_auto
 
-        methods = tuple(parse_methods(args.method))
+        methods, method_note = resolve_auto(tuple(parse_methods(args.method, also=(AUTO,))))
         as2d = deployed_as2d(args.producer, args.chunk_s, args.budget, required_producer)
         if "as2d" in methods and (note := as2d.note()):
             print(note, file=sys.stderr)
@@ -106,6 +110,7 @@ class DecodingOptions:
             compare=args.compare,
             trace=args.trace,
             as2d=as2d,
+            method_note=method_note,
         )
 
     def running(self, methods: list[str]) -> DecodingOptions:

@@ -6,9 +6,10 @@ recording to timed text that the command line, `bench e2e` and the services use.
         segments, info = t.transcribe("talk.mp3")
 
 Segments are produced lazily, window by window, as faster-whisper's are; `info.stats` fills in
-as they are consumed. The default method is As²d: a producer process transcribes the recording
-with tiny.en from its audio alone, and the target verifies what it published. Every greedy
-window equals target-only's (`method="target"`), token for token, timestamps included.
+as they are consumed. The default method, auto, is As²d where the machine has a core to spare for
+its producer (transcription/method_choice.py): a producer process transcribes the recording with
+tiny.en from its audio alone, and the target verifies what it published. Every greedy window
+equals target-only's (`method="target"`), token for token, timestamps included.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from asyncspec.errors import InputError
 from asyncspec.models.threads import torch_threads
 from asyncspec.transcription.decode_threads import beside_threads, decode_threads
 from asyncspec.transcription.longform import LongformOptions, WindowOutcome, transcribe_windows, window_audio
+from asyncspec.transcription.method_choice import AUTO, resolve_auto, runnable
 from asyncspec.transcription.segments import Segment
 
 METHODS = ("as2d", "target", "sd", "specasr")
@@ -71,8 +73,10 @@ class TranscriptionInfo:
 class Transcriber:
     """Whisper long-form transcription on the fixed-shape target engine.
 
-    method: "as2d" (default), "target", "sd" or "specasr", or several (the first is the default of
-    `transcribe`; target-only is always available). dtype: the target decoder's ("auto": int8,
+    method: "auto" (default: As²d where the machine leaves its producer a core of its own, else
+    target-only; method_choice.py, the choice in `method_note`), "as2d", "target", "sd" or
+    "specasr", or several (the first is the default of `transcribe`; target-only is always
+    available). dtype: the target decoder's ("auto": int8,
     bf16 or fp32, the fastest on this machine; "int8", "bf16" or "fp32"); encoder: "auto" (placed by
     measurement on this machine), "fp32", "bf16" or "int8". As²d's
     producer: `producer_model` over `chunk_s` chunks, `budget` candidates per verification;
@@ -84,7 +88,7 @@ class Transcriber:
     def __init__(
         self,
         model: str = "whisper-base",
-        method: str | Sequence[str] = "as2d",
+        method: str | Sequence[str] = AUTO,
         *,
         dtype: str = "auto",
         encoder: str = "auto",
@@ -98,10 +102,13 @@ class Transcriber:
         from asyncspec.profiling.deployed import deployed_as2d
         from asyncspec.transcription import loading
 
-        self.methods = (method,) if isinstance(method, str) else tuple(method)
+        asked = (method,) if isinstance(method, str) else tuple(method)
+        self.methods, self.method_note = resolve_auto(asked)
         unknown = [m for m in self.methods if m not in METHODS]
         if unknown or not self.methods:
-            raise InputError(f"unknown method {', '.join(unknown) or repr(method)}; choose from {', '.join(METHODS)}")
+            raise InputError(
+                f"unknown method {', '.join(unknown) or repr(method)}; choose from {AUTO}, {', '.join(METHODS)}"
+            )
         as2d = deployed_as2d(None, chunk_s, budget, required=loading.LONGFORM_PRODUCER)
         self.model, self.method, self.chunk_s, self.budget = model, self.methods[0], as2d.chunk_s, budget
         self.producer_model, self.drafter_name = producer_model, drafter
@@ -155,7 +162,7 @@ class Transcriber:
 
         self = cls.__new__(cls)
         self.methods = ("target", *(name for name in METHODS if drafters.get(name) is not None))
-        self.model, self.method, self.chunk_s = model, "target", None
+        self.model, self.method, self.chunk_s, self.method_note = model, "target", None, None
         self.budget, self.as2d_budget = budget, as2d_budget
         self.producer_model, self.drafter_name = producer_model, drafter
         self.drafters, self.complete_drafting, self.target = dict(drafters), False, target
@@ -219,7 +226,7 @@ class Transcriber:
             first_window = self._first_window(samples)
             language, probability, _ = self.target.detect_language(first_window[1])
             options = replace(options, language=language)
-        method, notes = self._runnable(method, options)
+        method, notes = runnable(method, options, self.producer_model, self.drafter_name)
         info = TranscriptionInfo(
             language=options.language,
             language_probability=probability,
@@ -233,20 +240,6 @@ class Transcriber:
         target = self.target if check is None else _Interruptible(self.target, check)
         segments = self._segments(target, samples, options, info, first_window)
         return (segments if speech is None else _in_original_time(segments, speech)), info
-
-    def _runnable(self, method: str, options: LongformOptions) -> tuple[str, list[str]]:
-        """The method, or target-only where its drafter cannot draft this speech: an English-only
-        producer or drafter for another language or for translation (said in a note, never silent)."""
-        drafter = {"as2d": self.producer_model, "sd": self.drafter_name, "specasr": self.drafter_name}.get(method)
-        english = options.language == "en" and options.task == "transcribe"
-        if drafter is None or english or not drafter.endswith(".en"):
-            return method, []
-        what = "English speech" if options.task == "transcribe" else "English transcripts, not translations,"
-        note = (
-            f"{method}: its drafter {drafter} drafts {what} only; this {options.language} {options.task} "
-            "is decoded target-only"
-        )
-        return "target", [note]
 
     @staticmethod
     def load(audio: str | Path | np.ndarray) -> np.ndarray:
@@ -277,6 +270,7 @@ class Transcriber:
                 info.publications = [(b.offset, b.tokens, b.start_s, b.end_s) for b in files.buffer.batches]
 
     def _window_decoder(self, target, method: str, files, stats: TranscriptionStats):
+        from asyncspec.decoding.beam_search import decode_beam_search
         from asyncspec.decoding.methods import METHODS as DECODERS
         from asyncspec.decoding.result import DecodeConfig
 
@@ -288,6 +282,8 @@ class Transcriber:
             threads = self.solo_threads if alone else self.threads
             stats.solo_decodes += len(configs) if alone and self.solo_threads != self.threads else 0
             with torch_threads(threads):
+                if configs[0].temperature <= 0 and configs[0].beam_size > 1:
+                    return [decode_beam_search(target, request, config) for config in configs]
                 if configs[0].temperature > 0 and (len(configs) > 1 or method not in POSITIONAL_SAMPLERS):
                     return self._draws(target, method, request, configs, earlier, threads)
                 drafter = files.window(seek_s, end_s) if files is not None else self.drafters.get(method)

@@ -52,7 +52,7 @@ WindowDecoder = Callable[[DecodeRequest, list[DecodeConfig], float, float, list[
 
 @dataclass(frozen=True)
 class LongformOptions:
-    """faster-whisper's defaults, greedy at temperature 0."""
+    """faster-whisper's defaults, but greedy at temperature 0 (faster-whisper: beam_size 5)."""
 
     language: str = "en"  # the Transcriber detects it where None (a multilingual model's first window)
     task: str = "transcribe"  # or "translate" (to English)
@@ -60,6 +60,11 @@ class LongformOptions:
     hotwords: str | None = None  # words (names, terms) that condition every window, as faster-whisper's
     temperatures: tuple[float, ...] = DEFAULT_TEMPERATURES
     best_of: int = 5
+    # temperature 0 as a beam search (decoding/beam_search.py, CTranslate2's rule): faster-whisper
+    # defaults to 5; 1 is greedy, the decoding As²d speculates on
+    beam_size: int = 1
+    patience: float = 1.0
+    length_penalty: float = 1.0
     compression_ratio_threshold: float | None = 2.4
     log_prob_threshold: float | None = -1.0
     no_speech_threshold: float | None = 0.6
@@ -193,7 +198,14 @@ def _decode_with_fallback(
     for level, temperature in enumerate(options.temperatures):
         samples = 1 if temperature <= 0 else max(options.best_of, 1)
         configs = [
-            DecodeConfig(temperature, _seed(options.seed, index, level, draw), positional_sampling=temperature > 0)
+            DecodeConfig(
+                temperature,
+                _seed(options.seed, index, level, draw),
+                positional_sampling=temperature > 0,
+                beam_size=options.beam_size if temperature <= 0 else 1,  # as faster-whisper: beams at 0 only
+                patience=options.patience,
+                length_penalty=options.length_penalty,
+            )
             for draw in range(samples)
         ]
         sink = AttentionSink(target.backend) if options.word_timestamps else None
