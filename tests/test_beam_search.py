@@ -148,3 +148,23 @@ def test_whisper_base_beam_five_equals_ctranslate2_beam_five_on_librivox():
         assert decode_beam_search(decoder, request, DecodeConfig(beam_size=5)).tokens == theirs
         greedy_differs |= decode_target_only(decoder, None, request).tokens != theirs
     assert greedy_differs
+
+
+def test_a_state_copied_into_another_decodes_as_a_full_copy_and_the_rows_matter():
+    """copy_state_into copies only the rows past the two states' common tokens: the destination then
+    decodes bitwise as a full copy of the source would. The control: the tokens alone moved
+    over, without the rows, give other logits (the copied rows are what the next call reads)."""
+    whisper = tiny_whisper(torch.float32, seed=21, peak=12.0)
+    request = timed_request(whisper)
+    source = whisper.prefill(request)
+    other = whisper.copy_state(source)
+    whisper.extend(source, [50364, 440, 441, 442])
+    whisper.extend(other, [50364, 440, 600])
+    reference = whisper.copy_state(source)
+    whisper.copy_state_into(source, other)
+    assert other.tokens == source.tokens
+    assert torch.equal(whisper.extend(other, [443])[-1], whisper.extend(reference, [443])[-1])
+    stale = whisper.prefill(request)
+    whisper.extend(stale, [50364, 440, 600, 601])
+    stale.tokens[:] = source.tokens  # the control: tokens without their rows
+    assert not torch.equal(whisper.extend(stale, [443])[-1], whisper.extend(whisper.copy_state(source), [443])[-1])

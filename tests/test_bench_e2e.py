@@ -202,3 +202,24 @@ def test_only_the_seeded_systems_must_write_the_same_text_cold():
     assert warm_cold_differences({"target": row("x", "x"), "as2d": row("y", "z")}) == ["as2d: a.wav"]
     # faster-whisper samples its fallbacks unseeded; a failed cold run is reported by its exit code
     assert warm_cold_differences({"faster-whisper-int8-greedy": row("x", "z"), "target": row("x", "", 1)}) == []
+
+
+def test_like_for_like_ratios_are_each_system_over_its_peer():
+    """beam5 against faster-whisper's defaults, As²d against target-only: the warm and cold walls
+    divided, the WER difference in points; a pair one side of which did not run is not printed,
+    nor a cold ratio where a cold run failed."""
+    from asyncspec.benchmarks.e2e_report import pair_lines
+
+    def row(total: float, cold: float, wer: float, returncode: int = 0) -> dict:
+        return {"total_s": total, "wer": wer, "cold": {"wall_s": cold, "returncode": returncode}}
+
+    systems = {
+        "target": row(80.0, 90.0, 0.10),
+        "as2d": row(88.0, 81.0, 0.10),
+        "beam5": row(90.0, 100.0, 0.095, returncode=1),
+        "faster-whisper-int8-default": row(120.0, 125.0, 0.11),
+    }
+    lines = pair_lines(systems)
+    assert "as2d / target: warm 1.100x, cold 0.900x, WER +0.00 points" in lines
+    assert "beam5 / faster-whisper-int8-default: warm 0.750x, cold -, WER -1.50 points" in lines
+    assert not any("batched" in line or "greedy" in line for line in lines)

@@ -35,3 +35,10 @@ def test_a_beam_search_runs_target_only_with_a_note_and_greedy_keeps_the_method(
     german = LongformOptions(language="de")
     assert runnable("as2d", german, "whisper-tiny.en", "whisper-tiny.en")[0] == "target"
     assert runnable("target", beams, "whisper-tiny.en", "whisper-tiny.en") == ("target", [])
+
+
+def test_compare_makes_auto_as2d_on_any_machine():
+    """Target-only compared with itself checks nothing (and `--compare` fails a run that checked
+    nothing), so with --compare auto is the method it can check."""
+    methods, note = resolve_auto(("auto",), cores=2, compare=True)
+    assert methods == ("as2d",) and note is not None and "--compare" in note

@@ -103,13 +103,19 @@ def _device_lines(report: dict) -> list[str]:
     lines = []
     device = report["device"]
     lines.append(
-        f"{device['cpu']}, {device['cores']} cores, {report['threads']} threads, "
+        f"{cpu_name(device)}, {device['cores']} cores, {report['threads']} threads, "
         f"load {_load(device['load_average_before'])} -> {_load(device['load_average_after'])}"
     )
     lines.append("flags: " + " ".join(device["cpu_flags"]))
     if device["isa_environment"]:
         lines.append("environment: " + " ".join(f"{k}={v}" for k, v in device["isa_environment"].items()))
     return lines
+
+
+def cpu_name(device: dict) -> str:
+    """The CPU as a report names it: its model name and, where known, its family and model."""
+    kind = device.get("cpu_kind")
+    return f"{device['cpu']} ({kind})" if kind else device["cpu"]
 
 
 def _load(average) -> str:
@@ -148,5 +154,5 @@ def plot(report: dict, path: Path) -> None:
     totals.legend(fontsize=8)
     totals.set_ylabel("total seconds")
     totals.tick_params(axis="x", rotation=45, labelsize=7)
-    figure.suptitle(f"bench e2e: {report['model']}, {report['threads']} threads, {report['device']['cpu']}")
+    figure.suptitle(f"bench e2e: {report['model']}, {report['threads']} threads, {cpu_name(report['device'])}")
     save(figure, path)

@@ -272,16 +272,19 @@ class KVBackend:
     @torch.inference_mode()
     def copy_state_into(self, source: DecoderState, destination: DecoderState) -> None:
         """Make `destination`, a state of the same request that is no longer needed, an independent
-        copy of `source` in its own memory: only the rows `source` holds are copied (the slots past
-        a state's length are rewritten before use), so a beam search's step allocates nothing."""
+        copy of `source` in its own memory, so a beam search's step allocates nothing. Only the rows
+        past the two states' common tokens are copied: a position's keys and values are a function
+        of the tokens up to it (models/fixed_shape.py), so the shared prompt and prefix already hold
+        the same bits; the slots past a state's length are rewritten before use."""
         held, kept = source.cache, destination.cache
         if not isinstance(held, StaticKV) or not isinstance(kept, StaticKV) or held.cross is not kept.cross:
             raise TypeError("copy_state_into needs two fixed-shape states of one request")
-        n = source.length
-        for mine, theirs in zip([*kept.keys, *kept.values], [*held.keys, *held.values], strict=True):
-            mine[:, :n].copy_(theirs[:, :n])
-        if held.attention is not None and kept.attention is not None:
-            kept.attention.weights[:n].copy_(held.attention.weights[:n])
+        n, start = source.length, _common_length(source.tokens, destination.tokens)
+        if start < n:
+            for mine, theirs in zip([*kept.keys, *kept.values], [*held.keys, *held.values], strict=True):
+                mine[:, start:n].copy_(theirs[:, start:n])
+            if held.attention is not None and kept.attention is not None:
+                kept.attention.weights[start:n].copy_(held.attention.weights[start:n])
         destination.tokens[:] = source.tokens
         destination.prompt_len = source.prompt_len
         destination.next_logits = None if source.next_logits is None else source.next_logits.clone()
@@ -309,3 +312,11 @@ class KVBackend:
 
     def _suppressed(self, state: DecoderState, n: int) -> torch.Tensor | None:
         return None
+
+
+def _common_length(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many leading tokens two sequences share."""
+    for i, (x, y) in enumerate(zip(a, b, strict=False)):
+        if x != y:
+            return i
+    return min(len(a), len(b))

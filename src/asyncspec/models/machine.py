@@ -33,6 +33,18 @@ def cpu_model() -> str:
     return next(names, "") or platform.processor()
 
 
+def cpu_family_model() -> str:
+    """ "family F model M" from /proc/cpuinfo ("" where it has none): "AMD EPYC" alone names Zen 2,
+    3 and 4 alike, and their speeds differ by kind."""
+    fields: dict[str, str] = {}
+    for line in _cpuinfo_lines() or []:
+        key, _, value = line.partition(":")
+        fields.setdefault(key.strip(), value.strip())
+    if "cpu family" not in fields or "model" not in fields:
+        return ""
+    return f"family {fields['cpu family']} model {fields['model']}"
+
+
 def cpu_fingerprint() -> str:
     """A short digest of `cpu_identity`: equal on CPUs of one model with the same flags."""
     return hashlib.sha256(cpu_identity().encode()).hexdigest()[:16]

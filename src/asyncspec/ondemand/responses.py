@@ -60,13 +60,7 @@ def longform_options(
     options = replace(beam_fields(fields, defaults), language=language, task=task, initial_prompt=prompt)
     if vad:
         options = replace(options, vad_filter=vad == "true")
-    temperature = fields.get("temperature")
-    if temperature in (None, ""):
-        return options
-    try:
-        value = float(temperature)
-    except ValueError:
-        raise InputError(f"temperature must be a number, got {temperature[:40]!r}") from None
+    value = _number(fields, "temperature", float, 0.0)
     if value == 0:
         return options
     problem = sampling_problem(value, defaults.seed)

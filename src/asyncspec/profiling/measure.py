@@ -21,7 +21,7 @@ import numpy as np
 from asyncspec.decoding.methods import METHODS
 from asyncspec.decoding.result import DecodeConfig, DecodeResult
 from asyncspec.models.base import Decoder, DecodeRequest
-from asyncspec.models.machine import cpu_model
+from asyncspec.models.machine import cpu_family_model, cpu_model
 from asyncspec.ondevice.buffer import PublishedBatch
 from asyncspec.ondevice.sources import SOURCES, ProducerSpec
 from asyncspec.profiling.costs import CONCURRENT, IDLE, CostProfile
@@ -196,6 +196,7 @@ def device_facts() -> dict[str, object]:
 
     return {
         "cpu": cpu_model(),
+        "cpu_kind": cpu_family_model(),
         "cores": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
         "load_average": os.getloadavg(),

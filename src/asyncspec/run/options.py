@@ -90,7 +90,8 @@ class DecodingOptions:
         from asyncspec.decoding.methods import parse_methods
         from asyncspec.transcription.method_choice import AUTO, resolve_auto
 
-        methods, method_note = resolve_auto(tuple(parse_methods(args.method, also=(AUTO,))))
+        asked = tuple(parse_methods(args.method, also=(AUTO,)))
+        methods, method_note = resolve_auto(asked, compare=args.compare)
         as2d = deployed_as2d(args.producer, args.chunk_s, args.budget, required_producer)
         if "as2d" in methods and (note := as2d.note()):
             print(note, file=sys.stderr)

@@ -17,14 +17,20 @@ AUTO = "auto"
 MIN_AS2D_CORES = 3  # the producer's core plus two for the target's encoder and decoder
 
 
-def resolve_auto(methods: tuple[str, ...], cores: int | None = None) -> tuple[tuple[str, ...], str | None]:
+def resolve_auto(
+    methods: tuple[str, ...], cores: int | None = None, compare: bool = False
+) -> tuple[tuple[str, ...], str | None]:
     """`methods` with `auto` replaced by the method it means on this machine (repeats dropped),
-    and the line that says what it chose and why (None without `auto`)."""
+    and the line that says what it chose and why (None without `auto`). `compare`: the run checks
+    its method against target-only, so auto means As²d whatever the cores (target-only against
+    itself would check nothing)."""
     if AUTO not in methods:
         return methods, None
     cores = cores or available_cores()
     if cores >= MIN_AS2D_CORES:
         chosen, why = "as2d", f"its producer takes one of {cores} cores"
+    elif compare:
+        chosen, why = "as2d", "--compare checks it against target-only"
     else:
         chosen = "target"
         why = (
