@@ -106,7 +106,8 @@ class BeamSearch:
     def _continuations(self, beams: list[_Beam]) -> list[_Continuation]:
         """The 2 x beam best (beam, token) by summed log-probability, best first. A beam's score is
         one number added to all its row, so the best overall are among each row's own 2 x beam best:
-        those few are ranked, not the whole beam x vocabulary (a fifth of a step's time)."""
+        those few are ranked, not the whole beam x vocabulary (a top-k over 5 x 51,865 scores took
+        0.6 ms a step on a 2-core Zen 3, of ~11 ms)."""
         wanted = 2 * self.beam_size
         out = []
         for parent, beam in enumerate(beams):
