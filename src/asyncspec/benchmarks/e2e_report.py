@@ -63,9 +63,7 @@ def pair_lines(systems: dict) -> list[str]:
         if ours not in systems or theirs not in systems:
             continue
         mine, peer = systems[ours], systems[theirs]
-        warm = mine["total_s"] / peer["total_s"] if peer["total_s"] else None
-        cold = cold_wall(mine), cold_wall(peer)
-        cold_ratio = cold[0] / cold[1] if cold[0] and cold[1] else None
+        warm, cold_ratio = ratios(mine, peer)
         wer = (mine["wer"] - peer["wer"]) * 100 if mine["wer"] is not None and peer["wer"] is not None else None
         figures = [
             f"warm {warm:.3f}x" if warm is not None else "warm -",
@@ -80,10 +78,9 @@ def _row(name: str, row: dict, reference: dict) -> str:
     def number(value, width: int, scale: float = 1.0, digits: int = 2) -> str:
         return f"{value * scale:{width}.{digits}f}" if value is not None else f"{'-':>{width}s}"
 
-    cold, reference_cold = cold_wall(row), cold_wall(reference)
+    cold = cold_wall(row)
     stages = " ".join(number(row.get(key), 7) for key in ("prefill_s", "decode_s"))
-    warm_ratio = row["total_s"] / reference["total_s"] if reference.get("total_s") else None
-    cold_ratio = cold / reference_cold if cold and reference_cold else None
+    warm_ratio, cold_ratio = ratios(row, reference)
     failed = row.get("cold", {}).get("returncode", 0)
     cold_column = f"{f'exit {failed}':>7s}" if failed else number(cold, 7)
     return (
@@ -91,6 +88,14 @@ def _row(name: str, row: dict, reference: dict) -> str:
         f"{number(row['wer'], 6, 100)} {number(row.get('recall_min'), 6, 100, 1)} {number(warm_ratio, 6)} "
         f"{number(cold_ratio, 6)}"
     )
+
+
+def ratios(row: dict, reference: dict) -> tuple[float | None, float | None]:
+    """(warm, cold) time of `row` as a multiple of `reference`'s; None where either is missing
+    (a reference that did not run, a cold run that failed)."""
+    warm = row["total_s"] / reference["total_s"] if reference.get("total_s") else None
+    cold, reference_cold = cold_wall(row), cold_wall(reference)
+    return warm, (cold / reference_cold if cold and reference_cold else None)
 
 
 def cold_wall(row: dict) -> float | None:
