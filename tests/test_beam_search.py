@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 import torch
 
-from asyncspec.decoding.beam_search import BeamSearch, decode_beam_search, one_call_per_row
+from asyncspec.decoding.beam_search import BeamSearch, decode_beam_search
+from asyncspec.decoding.lockstep import one_call_per_row
 from asyncspec.decoding.result import DecodeConfig
 from asyncspec.decoding.target_only import decode_target_only
 from conftest import synthetic_speech, tiny_whisper

@@ -59,8 +59,8 @@ class ShapeDependentForward:
     def new_cache(self, slots, context):
         return self.inner.new_cache(slots, context)
 
-    def __call__(self, slots, ids, prompt=False):
-        return self.inner(slots, ids, prompt) + 1e-2 * len(slots)
+    def __call__(self, slots, ids, prompt=False, widths=None):
+        return self.inner(slots, ids, prompt, widths) + 1e-2 * len(slots)
 
 
 def shape_dependent(decoder, forward=ShapeDependentForward):
@@ -74,8 +74,8 @@ class OneUlpForward(ShapeDependentForward):
     one element of the last real row moves by one unit in the last place (as a kernel whose
     reduction order follows the call's width would round one sum differently)."""
 
-    def __call__(self, slots, ids, prompt=False):
-        hidden = self.inner(slots, ids, prompt)
+    def __call__(self, slots, ids, prompt=False, widths=None):
+        hidden = self.inner(slots, ids, prompt, widths)
         if len(slots) > 1:
             row = len(slots) - 1
             hidden[row, 0] = torch.nextafter(hidden[row, 0], torch.tensor(float("inf"), dtype=hidden.dtype))
@@ -224,8 +224,8 @@ class ThreadDependentForward(ShapeDependentForward):
     """A deliberately broken engine whose hidden states follow the thread count (as a kernel that
     splits a reduction across threads would): every call shape agrees at one count, not across two."""
 
-    def __call__(self, slots, ids, prompt=False):
-        return self.inner(slots, ids, prompt) + 1e-3 * torch.get_num_threads()
+    def __call__(self, slots, ids, prompt=False, widths=None):
+        return self.inner(slots, ids, prompt, widths) + 1e-3 * torch.get_num_threads()
 
 
 def test_self_test_compares_a_second_thread_count_and_catches_a_thread_dependent_engine():

@@ -23,8 +23,8 @@ class CallWidthDependentForward(ShapeDependentForward):
     """A deliberately broken engine: hidden states move by the call's width (its padded rows), as a
     kernel that blocks a narrower product otherwise would. Padded to one width, every row agrees."""
 
-    def __call__(self, slots, ids, prompt=False):
-        return self.inner(slots, ids, prompt) + 1e-2 * ids.shape[0]
+    def __call__(self, slots, ids, prompt=False, widths=None):
+        return self.inner(slots, ids, prompt, widths) + 1e-2 * ids.shape[0]
 
 
 class WidthLog(ShapeDependentForward):
@@ -34,10 +34,10 @@ class WidthLog(ShapeDependentForward):
         super().__init__(forward)
         self.widths: list[int] = []
 
-    def __call__(self, slots, ids, prompt=False):
+    def __call__(self, slots, ids, prompt=False, widths=None):
         if not prompt:
             self.widths.append(ids.shape[0])
-        return self.inner(slots, ids, prompt)
+        return self.inner(slots, ids, prompt, widths)
 
 
 def test_narrower_widths_and_the_probe_sizes():

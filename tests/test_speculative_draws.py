@@ -18,7 +18,7 @@ from asyncspec.decoding.draw_plan import call_costs, plan_rows
 from asyncspec.decoding.speculative_draws import decode_speculative_draws
 from asyncspec.decoding.target_draws import decode_target_draws
 from asyncspec.decoding.target_only import decode_target_only
-from asyncspec.models.fixed_shape import stack_sizes
+from asyncspec.models.call_stacks import stack_sizes
 from asyncspec.models.selftest import check_invariance
 from conftest import tiny_whisper
 from test_cloudedge_batching import _width_variant_linear

@@ -45,6 +45,7 @@ DEFAULT_SYSTEMS = (
     "target",
     "as2d",
     "beam5",
+    "batched",
     "faster-whisper-int8-greedy",
     "faster-whisper-int8-default",
     "faster-whisper-int8-batched",

@@ -11,8 +11,8 @@ PAIRS = (
     ("as2d", "target"),
     ("as2d", "faster-whisper-int8-greedy"),
     ("beam5", "faster-whisper-int8-default"),
+    ("batched", "faster-whisper-int8-batched"),
     ("beam5", "faster-whisper-int8-batched"),
-    ("as2d", "faster-whisper-int8-batched"),
 )
 # The flags that decide which encoder and GEMM paths are fast (bf16/int8 matrix units, vector widths).
 ISA_PREFIXES = ("avx", "amx", "fma", "f16c", "sse4", "vnni")

@@ -62,11 +62,12 @@ BATCHED_PRESETS = frozenset({"batched"})  # run through BatchedInferencePipeline
 PRESET_NAMES = {"longform-greedy": "greedy", "defaults": "default"}
 # asyncspec's systems: name -> (decoding method, long-form options over the library's defaults, the
 # same as `asyncspec transcribe` flags). beam5 is faster-whisper's default search (every method
-# decodes a beam search target-only).
+# decodes a beam search target-only); batched is BatchedInferencePipeline's batch of 8.
 ASYNCSPEC_VARIANTS: dict[str, tuple[str, dict[str, Any], tuple[str, ...]]] = {
     "target": ("target", {}, ()),
     "as2d": ("as2d", {}, ()),
     "beam5": ("target", {"beam_size": 5}, ("--beam-size", "5")),
+    "batched": ("target", {"batch_size": 8}, ("--batch-size", "8")),
 }
 
 

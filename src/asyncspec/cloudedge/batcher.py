@@ -21,7 +21,7 @@ import torch
 
 from asyncspec.cloudedge import protocol as wire
 from asyncspec.models.base import DecoderState
-from asyncspec.models.fixed_shape import cut_into_stacks
+from asyncspec.models.call_stacks import cut_into_stacks
 from asyncspec.models.kv_backend import KVBackend
 from asyncspec.models.selftest import InvarianceReport, stack_list
 

@@ -71,6 +71,14 @@ def add_longform_options(parser: argparse.ArgumentParser) -> None:
         "method decodes target-only, the beams side by side in one call per step)",
     )
     parser.add_argument(
+        "--batch-size",
+        type=int,
+        default=None,
+        help="batched long-form, as faster-whisper's BatchedInferencePipeline: the speech cut at VAD pauses "
+        "into chunks of up to 30 s, this many decoded side by side, each on its own (no conditioning on "
+        "earlier text); default: window after window, each conditioned on the text before",
+    )
+    parser.add_argument(
         "--patience", type=float, default=1.0, help="beam search: stop once beam size x patience hypotheses ended"
     )
     parser.add_argument(

@@ -103,6 +103,8 @@ def longform_options(args) -> LongformOptions:
         raise InputError(f"--beam-size must be at least 1, got {args.beam_size}")
     if args.patience <= 0:
         raise InputError(f"--patience must be above 0, got {args.patience}")
+    if args.batch_size is not None and args.batch_size < 1:
+        raise InputError(f"--batch-size must be at least 1, got {args.batch_size}")
     return LongformOptions(
         language=None if args.language == "auto" else args.language,
         task=args.task,
@@ -113,6 +115,7 @@ def longform_options(args) -> LongformOptions:
         temperatures=temperatures,
         best_of=args.best_of,
         beam_size=args.beam_size,
+        batch_size=args.batch_size,
         patience=args.patience,
         length_penalty=args.length_penalty,
         compression_ratio_threshold=args.compression_ratio_threshold,

@@ -22,19 +22,17 @@ prefixes and allocates nothing once the beams are formed.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Generator
 from dataclasses import dataclass, field, replace
 
 import torch
 
+from asyncspec.decoding.lockstep import RowCalls, Rows, Search, drive, proven_calls
 from asyncspec.decoding.result import DecodeConfig, DecodeResult, DecodeStats, observe_prefill, output_limit
 from asyncspec.models.base import Decoder, DecodeRequest, DecoderState
 from asyncspec.trace import Trace
 
 METHOD = "target"  # beam search is decoded by the target alone: the reference for every method
-
-# (target, states, tokens) -> the logits after tokens[i] appended to states[i], one row each
-RowCalls = Callable[[Decoder, Sequence[DecoderState], Sequence[int]], list[torch.Tensor]]
 
 
 @dataclass
@@ -64,13 +62,12 @@ class _Continuation:
 
 @dataclass
 class BeamSearch:
-    """One request's search; `run` returns the best hypothesis."""
+    """One request's search; `steps` yields each step's beams as rows and returns the best hypothesis."""
 
     target: Decoder
     beam_size: int
     patience: float = 1.0
     length_penalty: float = 1.0
-    calls: RowCalls | None = None  # default: the beams side by side in calls of the engine's width
     finished: list[_Finished] = field(default_factory=list)
 
     def __post_init__(self):
@@ -80,7 +77,9 @@ class BeamSearch:
             raise ValueError(f"patience must be above 0, got {self.patience}")
         self.most_finished = max(1, round(self.beam_size * self.patience))
 
-    def run(self, state: DecoderState, limit: int, stats: DecodeStats, trace: Trace) -> _Finished:
+    def steps(
+        self, state: DecoderState, limit: int, stats: DecodeStats, trace: Trace
+    ) -> Generator[Rows, list[torch.Tensor], _Finished]:
         eos = self.target.eos_ids
         beams = [_Beam([], 0.0, [], state, state.next_logits)]
         top_finished = False
@@ -100,7 +99,7 @@ class BeamSearch:
                 kept.append(candidate)
             if last_step or self._done(top_finished):
                 break
-            beams = self._step(beams, kept, stats, trace)
+            beams = yield from self._step(beams, kept, stats, trace)
         return max(self.finished, key=lambda hypothesis: hypothesis.score)  # the first of equals, as sorted
 
     def _continuations(self, beams: list[_Beam]) -> list[_Continuation]:
@@ -131,9 +130,11 @@ class BeamSearch:
             return top_finished and len(self.finished) >= 1
         return len(self.finished) >= self.most_finished
 
-    def _step(self, beams: list[_Beam], kept: list[_Continuation], stats: DecodeStats, trace: Trace) -> list[_Beam]:
+    def _step(
+        self, beams: list[_Beam], kept: list[_Continuation], stats: DecodeStats, trace: Trace
+    ) -> Generator[Rows, list[torch.Tensor], list[_Beam]]:
         """The kept continuations as the next beams, each on a state holding its parent's rows,
-        their new tokens computed in one call (or one call each)."""
+        their new tokens asked for as one step's rows (one call, or one call each)."""
         parents = {c.parent for c in kept}
         spare = [beam.state for i, beam in enumerate(beams) if i not in parents]
         states: list[DecoderState | None] = []
@@ -149,9 +150,8 @@ class BeamSearch:
             for c, state in zip(kept, states, strict=True)
         ]
         ready = [beam.state for beam in new if beam.state is not None]
-        calls = self.calls or _packed
         with trace.stage("verify", width=len(new)):
-            rows = calls(self.target, ready, [beam.tokens[-1] for beam in new])
+            rows = yield list(zip(ready, [beam.tokens[-1] for beam in new], strict=True))
         stats.target_calls += 1
         stats.call_widths.append(len(new))
         for beam, row in zip(new, rows, strict=True):
@@ -168,33 +168,33 @@ def _copied(target, source: DecoderState | None, into: DecoderState | None) -> D
     return into
 
 
-def _packed(target, states: Sequence[DecoderState], tokens: Sequence[int]) -> list[torch.Tensor]:
-    return target.extend_each(states, tokens)
-
-
-def one_call_per_row(target, states: Sequence[DecoderState], tokens: Sequence[int]) -> list[torch.Tensor]:
-    """Each beam's token in a call of its own (the reference the packed calls must equal)."""
-    return [target.extend(state, [token])[-1] for state, token in zip(states, tokens, strict=True)]
-
-
 def decode_beam_search(
     target: Decoder, request: DecodeRequest, config: DecodeConfig, calls: RowCalls | None = None
 ) -> DecodeResult:
-    """The best hypothesis of a beam search with config's beam_size, patience and length_penalty,
-    as a DecodeResult whose logprobs are that hypothesis' own (Whisper's avg_logprob reads them).
-    Word timestamps (request.attention): the chosen hypothesis' rows are computed once more in a
-    state that records them, bitwise the rows the search computed."""
-    from asyncspec.models.selftest import invariance
+    """The best hypothesis of a beam search with config's beam_size, patience and length_penalty
+    (`beam_search`), its beams side by side in one call a step where the invariance self-test
+    passed, else one call each (or as `calls` says)."""
+    return drive(target, [beam_search(target, request, config)], calls or proven_calls(target))[0]
 
+
+def decode_beam_batch(target: Decoder, requests: list[DecodeRequest], config: DecodeConfig) -> list[DecodeResult]:
+    """Each request's beam search as `decode_beam_search` runs it alone, the searches side by side
+    (decoding/lockstep.py): bitwise each one's result alone."""
+    return drive(target, [beam_search(target, request, config) for request in requests], proven_calls(target))
+
+
+def beam_search(target: Decoder, request: DecodeRequest, config: DecodeConfig) -> Search:
+    """The request's beam search as a lockstep search, its result a DecodeResult whose logprobs
+    are the best hypothesis' own (Whisper's avg_logprob reads them). Word timestamps
+    (request.attention): the chosen hypothesis' rows are computed once more in a state that
+    records them, bitwise the rows the search computed."""
     trace, stats = Trace(), DecodeStats()
-    if calls is None and not invariance(target).passed:
-        calls = one_call_per_row
-    search = BeamSearch(target, config.beam_size, config.patience, config.length_penalty, calls)
+    search = BeamSearch(target, config.beam_size, config.patience, config.length_penalty)
     with trace.stage("prefill"):
         state = target.prefill(replace(request, attention=None))
     stats.prefill_s = trace.now()
     observe_prefill(stats, state)
-    best = search.run(state, output_limit(request, target), stats, trace)
+    best = yield from search.steps(state, output_limit(request, target), stats, trace)
     stats.logprobs = best.logprobs
     stats.finish_reason = "eos" if best.ended_on_eos else "length"
     stats.notes["beam_size"] = config.beam_size

@@ -20,7 +20,8 @@ from functools import partial
 import torch
 
 from asyncspec.models.base import call_sizes
-from asyncspec.models.fixed_shape import RowSlot, StaticKV, cut_into_stacks, stack_sizes
+from asyncspec.models.call_stacks import cut_into_stacks, stack_sizes
+from asyncspec.models.fixed_shape import RowSlot, StaticKV
 from asyncspec.models.threads import openmp_settings
 
 _COSTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # engine -> {(threads, blocks): seconds}

@@ -14,7 +14,7 @@ import time
 import torch
 
 from asyncspec.models.base import DecoderState, call_width
-from asyncspec.models.fixed_shape import stack_sizes
+from asyncspec.models.call_stacks import stack_sizes
 from asyncspec.models.row_probe import compare_rows, kv_rows, probe_tokens
 from asyncspec.models.threads import torch_threads
 

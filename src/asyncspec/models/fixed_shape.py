@@ -33,6 +33,7 @@ from typing import Any, Protocol
 
 import torch
 
+from asyncspec.models.call_stacks import cut_into_stacks
 from asyncspec.models.int8_attention import QuantizedKeys, QuantizedValues, integer_scores, integer_weighted_sum
 
 ATTENTION_DTYPE = torch.float32  # scores, softmax and weighted sum; the cache is kept in it too
@@ -250,31 +251,19 @@ class BlockForward(Protocol):
 
     def new_cache(self, slots: int, context: torch.Tensor | None) -> StaticKV: ...
 
-    def __call__(self, slots: Sequence[RowSlot], ids: torch.Tensor, prompt: bool = False) -> torch.Tensor:
+    def __call__(
+        self,
+        slots: Sequence[RowSlot],
+        ids: torch.Tensor,
+        prompt: bool = False,
+        widths: Callable[[int], int] | None = None,
+    ) -> torch.Tensor:
         """ids long [W], the first len(slots) real (row i at slots[i]), the rest padding -> final
         hidden states [W, D]; writes each real row's keys/values into its cache at its position.
         `prompt`: the rows are a prompt block (one request, consecutive positions), whose
-        self-attention may run as `attend_prompt`."""
+        self-attention may run as `attend_prompt`. `widths`: rows -> the width a call of that many
+        rows runs at, for an encoder-decoder call whose rows attend to different encoder outputs."""
         ...
-
-
-def stack_sizes(most_blocks: int) -> list[int]:
-    """The blocks a stacked call may hold: 2, 4, 8, ... up to `most_blocks`. The invariance
-    self-test's batch check runs exactly these widths, and `run_stacked` makes no other."""
-    sizes = [2]
-    while sizes[-1] * 2 <= most_blocks:
-        sizes.append(sizes[-1] * 2)
-    return sizes if most_blocks >= 2 else []
-
-
-def cut_into_stacks(blocks: int, most_blocks: int) -> list[int]:
-    """Blocks per call for `blocks` blocks: the largest stack size that fits, again and again; a
-    lone block left over is a call of its own (the per-request shape)."""
-    sizes, calls = [1, *stack_sizes(most_blocks)], []
-    while blocks:
-        calls.append(max(size for size in sizes if size <= blocks))
-        blocks -= calls[-1]
-    return calls
 
 
 def prefill_blocks(length: int, shape: CallShape) -> list[int]:
@@ -365,7 +354,8 @@ class FixedShapeEngine:
         for blocks in cut_into_stacks(-(-len(tokens) // width), most_blocks):
             chunk = list(tokens[done : done + blocks * width])
             ids = torch.tensor(chunk + [self.pad_id] * (blocks * width - len(chunk)))
-            rows.append(self.project(self.forward(slots[done : done + len(chunk)], ids))[: len(chunk)])
+            hidden = self.forward(slots[done : done + len(chunk)], ids, widths=self.decoding_width)
+            rows.append(self.project(hidden)[: len(chunk)])
             done += len(chunk)
         return torch.cat(rows) if len(rows) > 1 else rows[0]
 

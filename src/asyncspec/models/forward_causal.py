@@ -4,7 +4,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from transformers.models.qwen2.modeling_qwen2 import apply_rotary_pos_emb
@@ -59,7 +59,15 @@ class CausalBlockForward:
         return self._rotary
 
     @torch.inference_mode()
-    def __call__(self, slots: Sequence[RowSlot], ids: torch.Tensor, prompt: bool = False) -> torch.Tensor:
+    def __call__(
+        self,
+        slots: Sequence[RowSlot],
+        ids: torch.Tensor,
+        prompt: bool = False,
+        widths: Callable[[int], int] | None = None,
+    ) -> torch.Tensor:
+        """`widths` is for encoder-decoder calls (BlockForward): a causal model's rows attend only
+        to their own caches."""
         cos, sin = self._rotary_table(max(slot.cache.slots for slot in slots))
         positions = row_positions(slots, ids.shape[0])
         if self.scripted is not None and not prompt:

@@ -5,7 +5,7 @@ product, as in the reference implementation."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -74,19 +74,33 @@ class WhisperBlockForward:
         return x.view(x.shape[0], self.heads, self.head_dim).transpose(0, 1)
 
     @torch.inference_mode()
-    def __call__(self, slots: Sequence[RowSlot], ids: torch.Tensor, prompt: bool = False) -> torch.Tensor:
-        cross = slots[0].cache.cross
-        if any(slot.cache.cross is not cross for slot in slots):
-            raise ValueError("the rows of one call must share one encoder output")
+    def __call__(
+        self,
+        slots: Sequence[RowSlot],
+        ids: torch.Tensor,
+        prompt: bool = False,
+        widths: Callable[[int], int] | None = None,
+    ) -> torch.Tensor:
+        """Final hidden states [W, D]. The rows may belong to requests over different encoder outputs
+        (the chunks of a batched transcription side by side): each run of consecutive rows over one
+        output attends to it alone, at `widths(rows)` columns, the width a call of those rows alone
+        runs at (the engine's `decoding_width`), so its bits are the ones that call computes."""
+        groups = cross_groups(slots, ids.shape[0])
+        if len(groups) > 1 and (prompt or widths is None):
+            raise ValueError("rows over several encoder outputs need a decoding call and the engine's widths")
         positions = row_positions(slots, ids.shape[0], self.last_position)  # padding rows may overrun
-        if self.scripted is not None and not prompt and self._graph_computes(slots, ids.shape[0]):
+        if self.scripted is not None and not prompt and len(groups) == 1 and self._graph_computes(slots, ids.shape[0]):
             return self.scripted(ids, positions, slots)
         x = self.decoder.embed_tokens(ids) * self.decoder.embed_scale
         x = x + self.decoder.embed_positions.weight[positions].to(x.dtype)
         for index, layer in enumerate(self.decoder.layers):
             x = x + self._self_attention(layer, layer.self_attn_layer_norm(x), slots, index, prompt)
-            block = None if prompt else self.block_rows
-            x = x + self._cross_attention(layer, layer.encoder_attn_layer_norm(x), cross[index], slots, index, block)
+            h = layer.encoder_attn_layer_norm(x)
+            if len(groups) == 1:
+                block = None if prompt else self.block_rows
+                x = x + self._cross_attention(layer, h, slots[0].cache.cross[index], slots, index, block)
+            else:
+                x = x + self._grouped_cross_attention(layer, h, groups, slots, index, widths)
             x = x + layer.fc2(layer.activation_fn(layer.fc1(layer.final_layer_norm(x))))
         return self.decoder.layer_norm(x)
 
@@ -126,3 +140,38 @@ class WhisperBlockForward:
         observe = (lambda weights: record_cross_attention(slots, index, weights)) if recording else None
         out = attend_all(queries, cross[0], cross[1], scale=1.0, observe=observe, block=block)
         return attention.out_proj(out.to(h.dtype))
+
+    def _grouped_cross_attention(
+        self, layer, h, groups: list[tuple[int, int]], slots: Sequence[RowSlot], index: int, widths
+    ) -> torch.Tensor:
+        """Cross-attention of a call whose rows attend to several encoder outputs: each group
+        [start, end) of rows over one output attends in a product of its own, its queries padded
+        (the group's last row repeated) to the width a call of its rows alone has. The output
+        projection then takes the whole call, as in any call: rows never see each other there."""
+        attention = layer.encoder_attn
+        queries = self._heads(attention.q_proj(h) * attention.scaling)
+        parts = []
+        for start, end in groups:
+            mine = slots[start : min(end, len(slots))]  # the real rows: the call's padding joins the last group
+            rows, width = len(mine), widths(len(mine))
+            group = queries[:, start : start + rows]
+            if width > rows:
+                group = torch.cat([group, group[:, -1:].expand(-1, width - rows, -1)], dim=1)
+            recording = any(slot.cache.attention is not None for slot in mine)
+            observe = (lambda weights, mine=mine: record_cross_attention(mine, index, weights)) if recording else None
+            keys, values_t = mine[0].cache.cross[index]
+            out = attend_all(group, keys, values_t, scale=1.0, observe=observe)[:rows]
+            parts += [out, out[-1:].expand(end - start - rows, -1)]  # padding rows: any finite values
+        return attention.out_proj(torch.cat(parts).to(h.dtype))
+
+
+def cross_groups(slots: Sequence[RowSlot], width: int) -> list[tuple[int, int]]:
+    """[start, end) of each run of consecutive rows over one encoder output; the call's padding
+    rows (past the slots) join the last run."""
+    groups, start = [], 0
+    for row in range(1, len(slots)):
+        if slots[row].cache.cross is not slots[start].cache.cross:
+            groups.append((start, row))
+            start = row
+    groups.append((start, width))
+    return groups

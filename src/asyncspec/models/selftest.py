@@ -25,7 +25,7 @@ from asyncspec.errors import InputError
 from asyncspec.models.base import DecodeRequest, DecoderState, call_width
 from asyncspec.models.batch_check import batch_check
 from asyncspec.models.cache_entries import entry_path, write_entry
-from asyncspec.models.fixed_shape import stack_sizes
+from asyncspec.models.call_stacks import stack_sizes
 from asyncspec.models.int8_linear import Int8Linear, products_exact
 from asyncspec.models.machine import cpu_identity
 from asyncspec.models.narrow_check import full_width, narrow_check

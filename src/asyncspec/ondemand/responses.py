@@ -70,12 +70,17 @@ def longform_options(
 
 
 MAX_BEAM_SIZE = 16  # two engine calls' rows a step: a wider beam is a way to buy the service's time
+MAX_BATCH_SIZE = 16  # chunks side by side: their caches are the request's memory
 
 
 def beam_fields(fields: dict[str, str], defaults: LongformOptions) -> LongformOptions:
-    """`defaults` with the beam search's form fields that are present, validated: beam_size
-    1..MAX_BEAM_SIZE, patience in (0, 4], length_penalty in [0, 4]."""
+    """`defaults` with the beam search's and batching's form fields that are present, validated:
+    beam_size 1..MAX_BEAM_SIZE, patience in (0, 4], length_penalty in [0, 4], batch_size
+    1..MAX_BATCH_SIZE."""
     beam_size = _number(fields, "beam_size", int, defaults.beam_size)
+    batch_size = _number(fields, "batch_size", int, defaults.batch_size)
+    if batch_size is not None and not 1 <= batch_size <= MAX_BATCH_SIZE:
+        raise InputError(f"batch_size must be 1 to {MAX_BATCH_SIZE}, got {batch_size}")
     patience = _number(fields, "patience", float, defaults.patience)
     length_penalty = _number(fields, "length_penalty", float, defaults.length_penalty)
     if not 1 <= beam_size <= MAX_BEAM_SIZE:
@@ -84,7 +89,9 @@ def beam_fields(fields: dict[str, str], defaults: LongformOptions) -> LongformOp
         raise InputError(f"patience must be above 0 and at most 4, got {patience}")
     if not 0 <= length_penalty <= 4:
         raise InputError(f"length_penalty must be 0 to 4, got {length_penalty}")
-    return replace(defaults, beam_size=beam_size, patience=patience, length_penalty=length_penalty)
+    return replace(
+        defaults, beam_size=beam_size, patience=patience, length_penalty=length_penalty, batch_size=batch_size
+    )
 
 
 def _number(fields: dict[str, str], name: str, kind, default):

@@ -28,6 +28,7 @@ from asyncspec.transcription.decode_threads import beside_threads, decode_thread
 from asyncspec.transcription.longform import LongformOptions, WindowOutcome, transcribe_windows, window_audio
 from asyncspec.transcription.method_choice import AUTO, resolve_auto, runnable
 from asyncspec.transcription.segments import Segment
+from asyncspec.transcription.vad import in_original_time
 
 METHODS = ("as2d", "target", "sd", "specasr")
 POSITIONAL_SAMPLERS = {"as2d", "target"}  # methods that decode a lone fallback draw themselves
@@ -210,10 +211,11 @@ class Transcriber:
             raise InputError(f"transcribe: {error}") from None
         samples = self.load(audio)
         duration, speech, pauses = len(samples) / SAMPLE_RATE, None, None
-        if options.vad_filter:
+        if options.batch_size is not None or options.vad_filter:
+            from asyncspec.transcription.batched import BATCH_VAD
             from asyncspec.transcription.vad import speech_only
 
-            samples, speech = speech_only(samples)
+            samples, speech = speech_only(samples, BATCH_VAD if options.batch_size is not None else None)
         else:
             from asyncspec.transcription.pauses import pause_note
 
@@ -238,8 +240,8 @@ class Transcriber:
             duration_after_vad=None if speech is None else len(samples) / SAMPLE_RATE,
         )
         target = self.target if check is None else _Interruptible(self.target, check)
-        segments = self._segments(target, samples, options, info, first_window)
-        return (segments if speech is None else _in_original_time(segments, speech)), info
+        segments = self._segments(target, samples, options, info, first_window, speech)
+        return (segments if speech is None else in_original_time(segments, speech)), info
 
     @staticmethod
     def load(audio: str | Path | np.ndarray) -> np.ndarray:
@@ -248,10 +250,11 @@ class Transcriber:
         return load_audio(audio)
 
     def _segments(
-        self, target, samples: np.ndarray, options: LongformOptions, info: TranscriptionInfo, first_window=None
+        self, target, samples: np.ndarray, options: LongformOptions, info: TranscriptionInfo, first_window, speech
     ) -> Iterator[Segment]:
         from asyncspec.ondevice.align import token_spelling
         from asyncspec.ondevice.timed_view import FileCandidates
+        from asyncspec.transcription.batched import chunk_bounds, transcribe_chunks
 
         files = None
         if info.method == "as2d":
@@ -260,7 +263,12 @@ class Transcriber:
         try:
             decode = self._window_decoder(target, info.method, files, info.stats)
             encode = self._window_encoder(files, first_window)
-            for outcome in transcribe_windows(target, decode, samples, options, encode):
+            if options.batch_size is None:
+                outcomes = transcribe_windows(target, decode, samples, options, encode)
+            else:
+                batch, bounds = self._batch_decoder(target), chunk_bounds(speech)
+                outcomes = transcribe_chunks(target, batch, decode, samples, bounds, options, encode)
+            for outcome in outcomes:
                 _observe(info, outcome)
                 yield from outcome.segments
         finally:
@@ -288,6 +296,19 @@ class Transcriber:
                     return self._draws(target, method, request, configs, earlier, threads)
                 drafter = files.window(seek_s, end_s) if files is not None else self.drafters.get(method)
                 return [DECODERS[method](target, drafter, request, config) for config in configs]
+
+        return decode
+
+    def _batch_decoder(self, target):
+        """Chunks side by side (transcription/batched.py): their greedy decodes or beam searches in
+        shared calls, on every core (nothing drafts beside a batch)."""
+        from asyncspec.decoding.beam_search import decode_beam_batch
+        from asyncspec.decoding.target_only import decode_target_batch
+
+        def decode(requests, config):
+            with torch_threads(self.solo_threads):
+                batch = decode_beam_batch if config.beam_size > 1 else decode_target_batch
+                return batch(target, requests, config)
 
         return decode
 
@@ -330,18 +351,6 @@ class Transcriber:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def _in_original_time(segments: Iterator[Segment], speech) -> Iterator[Segment]:
-    """Segments of the joined speech with the original recording's times (vad.SpeechMap), their
-    words too."""
-    for segment in segments:
-        start, end = speech.span_to_original(segment.start, segment.end)
-        words = segment.words
-        if words:
-            spans = [speech.span_to_original(word.start, word.end) for word in words]
-            words = [replace(w, start=round(a, 3), end=round(b, 3)) for w, (a, b) in zip(words, spans, strict=True)]
-        yield replace(segment, start=round(start, 3), end=round(end, 3), words=words)
 
 
 class _Interruptible:

@@ -36,7 +36,13 @@ from asyncspec.audio import SAMPLE_RATE
 from asyncspec.decoding.result import DecodeConfig, DecodeResult
 from asyncspec.models.attention_record import AttentionSink
 from asyncspec.models.base import DecodeRequest
-from asyncspec.transcription.segments import FRAMES_PER_SECOND, Segment, split_by_timestamps, text_of
+from asyncspec.transcription.segments import (
+    FRAMES_PER_SECOND,
+    Segment,
+    split_by_timestamps,
+    text_of,
+    unfinished_piece,
+)
 
 SAMPLES_PER_FRAME = SAMPLE_RATE // FRAMES_PER_SECOND
 WINDOW_FRAMES = 30 * FRAMES_PER_SECOND
@@ -73,6 +79,9 @@ class LongformOptions:
     seed: int = 0
     resume_after_early_end: bool = True  # see the module docstring; False: Whisper's reference seek
     vad_filter: bool = False  # the Transcriber keeps only the speech Silero VAD finds (transcription/vad.py)
+    # batched long-form (transcription/batched.py): the speech cut at pauses into chunks of up to
+    # 30 s, decoded this many side by side, each on its own; None: window after window as above
+    batch_size: int | None = None
     word_timestamps: bool = False  # every segment's words timed (transcription/word_timing.py)
 
 
@@ -188,29 +197,45 @@ def _encoded_request(
     return replace(request, encoded=encoded), time.perf_counter() - started
 
 
+def level_configs(options: LongformOptions, index: int, level: int) -> list[DecodeConfig]:
+    """The decodes of window `index` at temperature level `level`: one at 0, best_of draws above."""
+    temperature = options.temperatures[level]
+    samples = 1 if temperature <= 0 else max(options.best_of, 1)
+    return [
+        DecodeConfig(
+            temperature,
+            _seed(options.seed, index, level, draw),
+            positional_sampling=temperature > 0,
+            beam_size=options.beam_size if temperature <= 0 else 1,  # as faster-whisper: beams at 0 only
+            patience=options.patience,
+            length_penalty=options.length_penalty,
+        )
+        for draw in range(samples)
+    ]
+
+
+def recording_request(target, request: DecodeRequest, options: LongformOptions) -> DecodeRequest:
+    """The request as one level decodes it: with word timestamps, recording into a sink of its own."""
+    return replace(request, attention=AttentionSink(target.backend)) if options.word_timestamps else request
+
+
 def _decode_with_fallback(
-    target, decode_window, request: DecodeRequest, span_s: tuple[float, float], index: int, options
+    target, decode_window, request: DecodeRequest, span_s: tuple[float, float], index: int, options, first=None
 ) -> tuple[list[Attempt], list[Attempt]]:
-    """(the likeliest draw per temperature tried, every draw) of the window spanning span_s."""
+    """(the likeliest draw per temperature tried, every draw) of the window spanning span_s.
+    `first`: (the recording request, its results) of the first level, decoded already (beside
+    other windows, transcription/batched.py)."""
     seek_s, end_s = span_s
     attempts: list[Attempt] = []
     draws: list[Attempt] = []
     for level, temperature in enumerate(options.temperatures):
-        samples = 1 if temperature <= 0 else max(options.best_of, 1)
-        configs = [
-            DecodeConfig(
-                temperature,
-                _seed(options.seed, index, level, draw),
-                positional_sampling=temperature > 0,
-                beam_size=options.beam_size if temperature <= 0 else 1,  # as faster-whisper: beams at 0 only
-                patience=options.patience,
-                length_penalty=options.length_penalty,
-            )
-            for draw in range(samples)
-        ]
-        sink = AttentionSink(target.backend) if options.word_timestamps else None
-        asked = request if sink is None else replace(request, attention=sink)
-        results = decode_window(asked, configs, seek_s, end_s, [draw.result.tokens for draw in draws])
+        configs = level_configs(options, index, level)
+        if level == 0 and first is not None:
+            asked, results = first
+        else:
+            asked = recording_request(target, request, options)
+            results = decode_window(asked, configs, seek_s, end_s, [draw.result.tokens for draw in draws])
+        sink = asked.attention
         if len(results) != len(configs):
             raise RuntimeError(f"the window decoder returned {len(results)} results for {len(configs)} draws")
         tried = [_attempt(target, request, result, temperature) for result in results]
@@ -319,9 +344,13 @@ def _is_silent(attempt: Attempt, options: LongformOptions) -> bool:
     return options.log_prob_threshold is None or attempt.avg_logprob <= options.log_prob_threshold
 
 
-def _segments(target, outcome: WindowOutcome, first_id: int) -> tuple[list[Segment], int]:
+def _segments(target, outcome: WindowOutcome, first_id: int, keep_tail: bool = False) -> tuple[list[Segment], int]:
+    """The window's segments and next seek. `keep_tail`: a last segment the window's end cut is
+    kept, ending there (a batched chunk is decoded once: nothing decodes that speech again)."""
     rules, chosen = target.timestamp_rules, outcome.chosen
     pieces, next_seek = split_by_timestamps(rules, chosen.result.tokens, outcome.start_s, outcome.seek, outcome.frames)
+    if keep_tail:
+        pieces.extend(unfinished_piece(rules, chosen.result.tokens, pieces, outcome.start_s, outcome.end_s))
     segments: list[Segment] = []
     for piece in pieces:
         text = text_of(target.tokenizer, rules, piece.tokens)

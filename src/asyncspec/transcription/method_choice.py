@@ -43,9 +43,14 @@ def resolve_auto(
 
 def runnable(method: str, options, producer_model: str, drafter_name: str) -> tuple[str, list[str]]:
     """The method a recording decodes with under `options` (LongformOptions), and the notes that say
-    why where it is not `method`: target-only for a beam search (speculation verifies greedy
-    decoding), or where the drafter is English-only and the speech is another language or a
-    translation."""
+    why where it is not `method`: target-only for batched decoding (the chunks take the rows), for a
+    beam search (speculation verifies greedy decoding), or where the drafter is English-only and
+    the speech is another language or a translation."""
+    if options.batch_size is not None and method != "target":
+        return "target", [
+            f"{method}: batched decoding puts the chunks' own rows side by side in each call; "
+            f"its {options.batch_size} chunks at a time are decoded target-only"
+        ]
     if options.beam_size > 1 and method != "target":
         beams = options.beam_size
         return "target", [

@@ -70,6 +70,18 @@ def split_by_timestamps(
     return pieces, seek + (tokens[last - 1] - rules.timestamp_begin) * FRAMES_PER_TIMESTAMP
 
 
+def unfinished_piece(
+    rules: TimestampRules, tokens: Sequence[int], pieces: Sequence[TimedPiece], offset_s: float, end_s: float
+) -> list[TimedPiece]:
+    """The tokens past `pieces` (what `split_by_timestamps` leaves to the next window) as one
+    piece from its opening timestamp to `end_s`, where they hold any text; else nothing."""
+    rest = tuple(tokens[sum(len(piece.tokens) for piece in pieces) :])
+    if not any(not rules.is_timestamp(t) for t in rest):
+        return []
+    start = offset_s + rules.seconds(rest[0]) if rules.is_timestamp(rest[0]) else offset_s
+    return [TimedPiece(min(start, end_s), end_s, rest)]
+
+
 def text_of(tokenizer, rules: TimestampRules, tokens: Sequence[int]) -> str:
     """The words of a segment (timestamps are ordinary added tokens in Whisper's tokenizer)."""
     return tokenizer.decode([t for t in tokens if not rules.is_timestamp(t)])

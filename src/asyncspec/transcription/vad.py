@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import bisect
 import functools
-from dataclasses import dataclass
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from asyncspec.audio import SAMPLE_RATE
+from asyncspec.transcription.segments import Segment
 
 SEAM_SLACK_S = 1.0  # a segment's share past a seam that is taken for timestamp jitter, not speech
 
@@ -109,3 +111,15 @@ def speech_only(samples: np.ndarray, options: VadOptions | None = None) -> tuple
     speech = speech_regions(samples, options)
     pieces = [samples[start:end] for start, end in speech.regions]
     return (np.concatenate(pieces) if pieces else np.zeros(0, np.float32)), speech
+
+
+def in_original_time(segments: Iterator[Segment], speech) -> Iterator[Segment]:
+    """Segments of the joined speech with the original recording's times (vad.SpeechMap), their
+    words too."""
+    for segment in segments:
+        start, end = speech.span_to_original(segment.start, segment.end)
+        words = segment.words
+        if words:
+            spans = [speech.span_to_original(word.start, word.end) for word in words]
+            words = [replace(w, start=round(a, 3), end=round(b, 3)) for w, (a, b) in zip(words, spans, strict=True)]
+        yield replace(segment, start=round(start, 3), end=round(end, 3), words=words)
