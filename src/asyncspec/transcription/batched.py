@@ -26,6 +26,7 @@ from asyncspec.audio import SAMPLE_RATE
 from asyncspec.decoding.result import DecodeConfig, DecodeResult
 from asyncspec.models.base import DecodeRequest
 from asyncspec.transcription.longform import (
+    MIN_PROGRESS_S,
     WINDOW_FRAMES,
     LongformOptions,
     WindowDecoder,
@@ -49,7 +50,8 @@ CHUNK_S = 30.0
 BATCH_VAD = VadOptions(min_silence_duration_ms=160, max_speech_duration_s=CHUNK_S)
 SAMPLES_PER_FRAME = SAMPLE_RATE // FRAMES_PER_SECOND
 CHUNK_SAMPLES = int(CHUNK_S * SAMPLE_RATE)
-MAX_PARTS = 16  # windows a chunk may take: an early end needs progress of MIN_PROGRESS_S each
+# windows a chunk can take, the seeds' stride: each early end resumes at least MIN_PROGRESS_S on
+MAX_PARTS = int(CHUNK_S / MIN_PROGRESS_S) + 1
 
 # (requests, config) -> each request's result under config, decoded side by side
 BatchDecoder = Callable[[list[DecodeRequest], DecodeConfig], list[DecodeResult]]
@@ -90,7 +92,7 @@ def transcribe_chunks(
     a window over the rest of it, decoded alone, as the sequential algorithm's next window is."""
     if options.language is None:
         raise ValueError("the language must be known (detected) before the first chunk")
-    size = options.batch_size or 1
+    size = 1 if options.batch_size is None else options.batch_size
     if size < 1:
         raise ValueError(f"batch size must be at least 1, got {size}")
     chunks = _Chunks(target, decode_window, samples, options, encode or target.encode_audio)
@@ -103,10 +105,9 @@ def transcribe_chunks(
             primed = None if firsts is None else (requests[at], firsts[at])
             outcome = chunks.outcome(start, end, index, 0, (requests[at], encode_s[at]), primed)
             yield outcome
-            for part in range(1, MAX_PARTS):
-                if not outcome.resumed_early:
-                    break
-                start = outcome.next_seek * SAMPLES_PER_FRAME
+            part = 0
+            while outcome.resumed_early:  # ends: each window resumes MIN_PROGRESS_S further on
+                start, part = outcome.next_seek * SAMPLES_PER_FRAME, part + 1
                 outcome = chunks.outcome(start, end, index, part, chunks.request(start, end), None)
                 yield outcome
 
